@@ -1,0 +1,630 @@
+/*
+ * cubuf — a C11 library for CUDA memory.
+ *
+ * This header is the manual. Every function documents its parameters, who
+ * owns what, its thread-safety and every status it returns.
+ *
+ * General rules (they hold for every function unless its entry says more):
+ *  - Every function returns a cubuf_status_t; results go through
+ *    out-parameters, which are written only on CUBUF_SUCCESS.
+ *  - On failure, cubuf_last_error() describes what happened on this thread
+ *    (which driver call failed, its error name, the sizes involved), and
+ *    cubuf_last_cuda_result() gives the CUresult when a driver call failed.
+ *  - NULL where a handle or out-parameter is required gives
+ *    CUBUF_ERROR_INVALID_ARGUMENT. destroy(NULL) and release(NULL) are no-ops.
+ *  - No driver is linked: libcuda.so.1 is loaded at first use. Without one,
+ *    every call that needs it returns CUBUF_ERROR_NO_DRIVER.
+ *  - Work that needs a CUDA context runs with that context pushed and pops it
+ *    afterwards: the caller's current context is the same after the call, on
+ *    success and on failure.
+ *  - A failed call leaves its inputs as they were and leaks nothing.
+ *  - Functions are thread-safe unless their entry says otherwise; using one
+ *    buffer from several threads while another thread closes it is the
+ *    caller's race to prevent (as on the cuda.core page).
+ *
+ * Streams are plain CUstream values: 0 or CU_STREAM_LEGACY (the legacy
+ * default stream), CU_STREAM_PER_THREAD, or a stream the caller created. A
+ * stream in capture mode plays the role of cuda.core's GraphBuilder.
+ *
+ * Virtual memory (VirtualMemoryResource) is in <cubuf/vmm.h>, sharing between
+ * processes in <cubuf/ipc.h>; both are included below.
+ */
+#ifndef CUBUF_H
+#define CUBUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CUBUF_API
+#else
+#define CUBUF_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define CUBUF_VERSION_MAJOR 0
+#define CUBUF_VERSION_MINOR 1
+#define CUBUF_VERSION_PATCH 0
+/** MAJOR*10000 + MINOR*100 + PATCH, as cubuf_version() returns it. */
+#define CUBUF_VERSION \
+    (CUBUF_VERSION_MAJOR * 10000 + CUBUF_VERSION_MINOR * 100 + CUBUF_VERSION_PATCH)
+
+/** The version of the library loaded at run time (compare with CUBUF_VERSION). */
+CUBUF_API int cubuf_version(void);
+/** The same, as "MAJOR.MINOR.PATCH". The string is static. */
+CUBUF_API const char *cubuf_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and errors                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* X(name, value, description). Values never change and are never reused. */
+#define CUBUF_STATUS_MAP(X)                                                      \
+    X(SUCCESS, 0, "success")                                                     \
+    X(ERROR_INVALID_ARGUMENT, 1, "invalid argument")                             \
+    X(ERROR_OUT_OF_RANGE, 2, "value or position out of range")                   \
+    X(ERROR_CLOSED, 3, "buffer is closed")                                       \
+    X(ERROR_NOT_SUPPORTED, 4, "not supported by this driver or device")          \
+    X(ERROR_STREAM_CAPTURING, 5, "not allowed while the stream is capturing")    \
+    X(ERROR_INVALID_DESCRIPTOR, 6, "malformed or untrusted IPC descriptor")      \
+    X(ERROR_DRIVER, 7, "CUDA driver call failed")                                \
+    X(ERROR_OUT_OF_MEMORY, 8, "out of memory")                                   \
+    X(ERROR_NO_DRIVER, 9, "no usable CUDA driver")                               \
+    X(ERROR_NO_DEVICE, 10, "no CUDA device")                                     \
+    X(ERROR_SYSTEM, 11, "operating-system call failed")
+
+typedef enum cubuf_status {
+#define CUBUF_STATUS_ENUM_(name, value, text) CUBUF_##name = value,
+    CUBUF_STATUS_MAP(CUBUF_STATUS_ENUM_)
+#undef CUBUF_STATUS_ENUM_
+} cubuf_status_t;
+
+/** "CUBUF_ERROR_CLOSED" for CUBUF_ERROR_CLOSED; "CUBUF_UNKNOWN_STATUS" otherwise. Static. */
+CUBUF_API const char *cubuf_status_name(cubuf_status_t status);
+/** A sentence describing the status ("buffer is closed"). Static. */
+CUBUF_API const char *cubuf_status_string(cubuf_status_t status);
+
+/**
+ * Detail of the most recent failure on the calling thread, like dlerror():
+ * for example "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (size 1099511627776)".
+ * Empty string if no call on this thread has failed yet. The pointer stays
+ * valid until the next cubuf call on this thread.
+ */
+CUBUF_API const char *cubuf_last_error(void);
+
+/** The CUresult of the most recent failed driver call on this thread (CUDA_SUCCESS if none). */
+CUBUF_API CUresult cubuf_last_cuda_result(void);
+
+/**
+ * Receives failures that no call can return (the last release of a buffer
+ * whose close failed, a deallocation stream skipped because synchronizing it
+ * would disturb a capture): the analogue of cuda.core's CUDAWarning.
+ * May run on any thread; must not call back into cubuf on the same buffer.
+ */
+typedef void (*cubuf_warning_fn)(cubuf_status_t status, const char *message, void *user);
+
+/**
+ * Installs the warning handler (NULL restores the default, which writes one
+ * line "cubuf warning: ..." to stderr). Thread-safe.
+ */
+CUBUF_API void cubuf_set_warning_handler(cubuf_warning_fn fn, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Driver and devices                                                        */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Loads the driver if needed and reports its CUDA version (13000 for 13.0).
+ * The library is libcuda.so.1, or the file named by CUBUF_LIBCUDA.
+ * cubuf needs a driver of CUDA 13.0 or newer (see docs/DESIGN.md).
+ * Returns CUBUF_ERROR_NO_DRIVER when it cannot be loaded, is too old, or
+ * cuInit fails for lack of a driver; CUBUF_ERROR_INVALID_ARGUMENT for NULL.
+ */
+CUBUF_API cubuf_status_t cubuf_driver_version(int *version);
+
+/**
+ * Number of CUDA devices (pyarrow's get_num_devices). A working driver with
+ * no device gives 0 and CUBUF_SUCCESS. Returns CUBUF_ERROR_NO_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_device_count(int *count);
+
+/** What `cubuf info` prints about one device. Fill with CUBUF_DEVICE_INFO_INIT. */
+typedef struct cubuf_device_info {
+    size_t struct_size;            /**< sizeof(cubuf_device_info_t), set by the _INIT macro */
+    int ordinal;
+    char name[256];
+    size_t total_memory;           /**< bytes */
+    int cc_major, cc_minor;        /**< compute capability */
+    int pci_bus_id, pci_device_id, pci_domain_id;
+    bool unified_addressing;
+    bool managed_memory;
+    bool concurrent_managed_access;
+    bool vmm_supported;            /**< virtual memory management (cuMemCreate/cuMemMap) */
+    size_t granularity_minimum;    /**< VMM granularity, device-located pinned allocation */
+    size_t granularity_recommended;
+    bool posix_fd_handles;         /**< VMM allocations exportable as POSIX fds */
+    bool fabric_handles;
+    bool gpu_direct_rdma_vmm;
+    bool memory_pools;             /**< stream-ordered allocator */
+    unsigned pool_handle_types;    /**< CUmemAllocationHandleType bits pools can export */
+    bool host_register;
+    bool can_map_host_memory;
+} cubuf_device_info_t;
+
+#define CUBUF_DEVICE_INFO_INIT {sizeof(cubuf_device_info_t)}
+
+/**
+ * Fills *info for device `ordinal`. info->struct_size must be set
+ * (CUBUF_DEVICE_INFO_INIT). Returns CUBUF_ERROR_OUT_OF_RANGE for a bad
+ * ordinal (the detail names the valid range), CUBUF_ERROR_NO_DRIVER,
+ * CUBUF_ERROR_NO_DEVICE, CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info);
+
+/* ------------------------------------------------------------------------ */
+/* Contexts (pyarrow.cuda.Context)                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cubuf_context cubuf_context_t;
+typedef struct cubuf_buffer cubuf_buffer_t;
+typedef struct cubuf_resource cubuf_resource_t;
+
+/**
+ * Creates a context for device `ordinal`: the device's primary context,
+ * retained now and released when the context is destroyed (and the last
+ * buffer made through it is gone). Returns CUBUF_ERROR_OUT_OF_RANGE for a
+ * bad ordinal (the detail names the valid range), CUBUF_ERROR_NO_DRIVER,
+ * CUBUF_ERROR_NO_DEVICE, CUBUF_ERROR_DRIVER. Destroy with cubuf_context_destroy.
+ */
+CUBUF_API cubuf_status_t cubuf_context_create(int ordinal, cubuf_context_t **out);
+
+/**
+ * Wraps an existing CUcontext made by another library ("shared context").
+ * cubuf never releases or destroys `handle`; the caller keeps it alive
+ * until the cubuf context and every buffer made through it are gone.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for a NULL handle, CUBUF_ERROR_DRIVER
+ * if the driver rejects it.
+ */
+CUBUF_API cubuf_status_t cubuf_context_wrap(CUcontext handle, cubuf_context_t **out);
+
+/**
+ * Drops the caller's reference. Buffers made through the context keep it
+ * alive until they are released; the primary context is released with the
+ * last of them. NULL is a no-op.
+ */
+CUBUF_API void cubuf_context_destroy(cubuf_context_t *ctx);
+
+/** Device ordinal of the context (pyarrow's device_number). */
+CUBUF_API cubuf_status_t cubuf_context_device(const cubuf_context_t *ctx, int *ordinal);
+
+/** The CUcontext handle (pyarrow's handle). Not a new reference. */
+CUBUF_API cubuf_status_t cubuf_context_handle(const cubuf_context_t *ctx, CUcontext *handle);
+
+/**
+ * Blocks until the device has completed all preceding work in the context
+ * (cuCtxSynchronize). Returns CUBUF_ERROR_DRIVER with the failing work's error.
+ */
+CUBUF_API cubuf_status_t cubuf_context_synchronize(cubuf_context_t *ctx);
+
+/**
+ * Live bytes of the buffers made through this context (new_buffer,
+ * new_host_buffer, buffer_from_data, copy_to without destination of such a
+ * buffer), exported ones included: rises by n on allocation and falls by n
+ * when the buffer is closed. Views and imported buffers do not count.
+ */
+CUBUF_API cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t *bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Buffers (cuda.core Buffer)                                                */
+/* ------------------------------------------------------------------------ */
+
+/** Called once when a buffer made by cubuf_buffer_wrap_external is closed. */
+typedef void (*cubuf_owner_release_fn)(void *owner);
+
+/**
+ * A non-owning view of [ptr, ptr+size) (from_handle with neither resource
+ * nor owner). Closing it never frees the memory. The device and the
+ * accessibility flags are read from the driver (cuPointerGetAttributes);
+ * memory the driver does not know (pageable host memory) is host accessible
+ * with device_id -1. ptr 0 is allowed only with size 0.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_NO_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_buffer_t **out);
+
+/**
+ * A buffer that owns [ptr, ptr+size) through `resource` (from_handle with mr):
+ * closing it deallocates through the resource, ordered on the recorded
+ * deallocation stream `stream` (see cubuf_buffer_set_deallocation_stream for
+ * how default streams are recorded). The buffer retains the resource.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_DRIVER (recording a
+ * default stream needs a context: the current one or the resource's device's).
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t *resource,
+                                           CUstream stream, cubuf_buffer_t **out);
+
+/**
+ * A view of [ptr, ptr+size) that keeps an external owner alive (from_handle
+ * with owner): release(owner) is called exactly once, when the buffer is
+ * closed or its last reference released. release may be NULL.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_wrap_external(CUdeviceptr ptr, size_t size, void *owner,
+                                                    cubuf_owner_release_fn release,
+                                                    cubuf_buffer_t **out);
+
+/**
+ * A buffer over [offset, offset+size) of `parent`, which it keeps alive
+ * (retained) until released. Closing a slice closes only the slice.
+ * Returns CUBUF_ERROR_CLOSED if the parent is closed, CUBUF_ERROR_OUT_OF_RANGE
+ * if the range does not fit the parent.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t size,
+                                            cubuf_buffer_t **out);
+
+/** Adds a reference. Returns `buf`. NULL is a no-op. */
+CUBUF_API cubuf_buffer_t *cubuf_buffer_retain(cubuf_buffer_t *buf);
+
+/**
+ * Drops a reference. The last release of an open buffer closes it on its
+ * recorded deallocation stream; failures on that path go to the warning
+ * handler. NULL is a no-op.
+ */
+CUBUF_API void cubuf_buffer_release(cubuf_buffer_t *buf);
+
+/**
+ * Releases the memory now (Buffer.close() without a stream): deallocation is
+ * ordered on the recorded deallocation stream. Afterwards is_closed is true,
+ * the pointer 0 and the size 0; the handle stays valid until released.
+ * Closing a closed buffer is a no-op returning CUBUF_SUCCESS.
+ * Returns CUBUF_ERROR_STREAM_CAPTURING where the resource refuses a capturing
+ * stream (virtual memory; see <cubuf/vmm.h>), leaving the buffer open;
+ * CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_close(cubuf_buffer_t *buf);
+
+/**
+ * close(stream): `stream` replaces the recorded deallocation stream, then
+ * the buffer is closed as by cubuf_buffer_close.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream stream);
+
+/**
+ * Changes the stream that orders the buffer's eventual deallocation. The
+ * buffer stays open and usable. No synchronization and no dependency is
+ * added: the caller orders allocation and every access before the
+ * deallocation on `stream`. A default stream (0, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) is bound to the context current now, or to the
+ * primary context of the buffer's device when none is current, so that a
+ * later close from any thread runs it in the right context. The per-thread
+ * default stream is a different stream on each thread: pass a created
+ * stream if the buffer may be closed from another thread.
+ * Returns CUBUF_ERROR_CLOSED for a closed buffer, CUBUF_ERROR_DRIVER when a
+ * default stream cannot be bound (no current context and no device).
+ * Thread-safety: must not race with close of the same buffer.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream);
+
+/** Attributes. They never fail; a NULL buffer reads as closed (0, false, -1, NULL). */
+CUBUF_API CUdeviceptr cubuf_buffer_ptr(const cubuf_buffer_t *buf);       /**< 0 after close */
+CUBUF_API size_t cubuf_buffer_size(const cubuf_buffer_t *buf);           /**< 0 after close */
+CUBUF_API int cubuf_buffer_device_id(const cubuf_buffer_t *buf);         /**< -1: bound to no device */
+CUBUF_API bool cubuf_buffer_is_closed(const cubuf_buffer_t *buf);
+CUBUF_API bool cubuf_buffer_is_device_accessible(const cubuf_buffer_t *buf);
+CUBUF_API bool cubuf_buffer_is_host_accessible(const cubuf_buffer_t *buf);
+CUBUF_API bool cubuf_buffer_is_managed(const cubuf_buffer_t *buf);
+CUBUF_API bool cubuf_buffer_is_mapped(const cubuf_buffer_t *buf);        /**< imported through IPC */
+/** The resource that owns the memory, NULL for views. Not a new reference. */
+CUBUF_API cubuf_resource_t *cubuf_buffer_resource(const cubuf_buffer_t *buf);
+/** The external owner given to cubuf_buffer_wrap_external, or the parent's for a slice; else NULL. */
+CUBUF_API void *cubuf_buffer_owner(const cubuf_buffer_t *buf);
+/** The parent of a slice (not a new reference), else NULL. */
+CUBUF_API cubuf_buffer_t *cubuf_buffer_parent(const cubuf_buffer_t *buf);
+
+/* ------------------------------------------------------------------------ */
+/* Copies and fills                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef enum cubuf_src_access_order {
+    CUBUF_SRC_ACCESS_STREAM = 0,     /**< source read in stream order (default) */
+    CUBUF_SRC_ACCESS_DURING_API_CALL, /**< source may be reused as soon as the call returns */
+    CUBUF_SRC_ACCESS_ANY,            /**< source read at any time before the copy completes */
+} cubuf_src_access_order_t;
+
+typedef enum cubuf_location_hint {
+    CUBUF_LOCATION_NONE = 0,   /**< no hint */
+    CUBUF_LOCATION_DEVICE,     /**< the device given by the hint's id */
+    CUBUF_LOCATION_HOST,
+    CUBUF_LOCATION_HOST_NUMA,  /**< the NUMA node given by the hint's id */
+} cubuf_location_hint_t;
+
+/** Transfer hints (cuda.core CopyOptions). Initialize with CUBUF_COPY_OPTIONS_INIT. */
+typedef struct cubuf_copy_options {
+    size_t struct_size;
+    cubuf_src_access_order_t src_access_order;
+    cubuf_location_hint_t src_location;
+    int src_location_id;
+    cubuf_location_hint_t dst_location;
+    int dst_location_id;
+    bool prefer_overlap_with_compute; /**< CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE */
+} cubuf_copy_options_t;
+
+#define CUBUF_COPY_OPTIONS_INIT {sizeof(cubuf_copy_options_t), CUBUF_SRC_ACCESS_STREAM, \
+                                 CUBUF_LOCATION_NONE, 0, CUBUF_LOCATION_NONE, 0, false}
+
+/**
+ * Copies src into dst asynchronously on `stream` (Buffer.copy_from).
+ * The sizes must be equal (else CUBUF_ERROR_INVALID_ARGUMENT).
+ * `options` may be NULL. With options the copy goes through the driver's
+ * attributed copy (a batch of one through cuMemcpyBatchAsync, CUDA 12.8+):
+ * options are refused with the legacy default stream (use
+ * CU_STREAM_PER_THREAD) and with a capturing stream
+ * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there). Where the driver has no
+ * attributed copy, STREAM and ANY fall back to a plain copy and
+ * DURING_API_CALL returns CUBUF_ERROR_NOT_SUPPORTED.
+ * Returns CUBUF_ERROR_CLOSED if either is closed, CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
+                                                CUstream stream, const cubuf_copy_options_t *options);
+
+/**
+ * Copies src into *dst asynchronously on `stream` (Buffer.copy_to). If *dst
+ * is NULL, a buffer of src's size is first allocated from src's resource on
+ * `stream` and stored in *dst (the caller releases it); a src without a
+ * resource gives CUBUF_ERROR_INVALID_ARGUMENT. Otherwise as copy_from.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **dst,
+                                              CUstream stream, const cubuf_copy_options_t *options);
+
+/** One copy of a batch: `size` bytes from src to dst (raw addresses). */
+typedef struct cubuf_copy {
+    CUdeviceptr dst;
+    CUdeviceptr src;
+    size_t size;
+} cubuf_copy_t;
+
+/**
+ * Runs `count` copies in one call on `stream`, all with the same options
+ * (NULL: default ordering). Uses cuMemcpyBatchAsync where available, else
+ * one plain copy each. Same option rules as cubuf_buffer_copy_from.
+ * count 0 is a no-op. On failure, *failed_index (may be NULL) is the index
+ * of the copy that failed, or count when the batch as a whole was refused.
+ */
+CUBUF_API cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
+                                          const cubuf_copy_options_t *options, size_t *failed_index);
+
+/**
+ * Fills the buffer with a repeating pattern of `pattern_size` bytes (1, 2 or
+ * 4) read from `pattern`, asynchronously on `stream` (Buffer.fill).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT if pattern_size is not 1, 2 or 4, or
+ * the buffer size is not a multiple of it; CUBUF_ERROR_CLOSED; CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_fill(cubuf_buffer_t *buf, const void *pattern,
+                                           size_t pattern_size, CUstream stream);
+
+/**
+ * Fills with one byte (Buffer.fill(int)). `value` outside [0, 256) gives
+ * CUBUF_ERROR_OUT_OF_RANGE.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_fill_byte(cubuf_buffer_t *buf, long long value, CUstream stream);
+
+/* ------------------------------------------------------------------------ */
+/* Memory resources                                                          */
+/* ------------------------------------------------------------------------ */
+
+/** What a resource's memory is. */
+typedef struct cubuf_resource_props {
+    size_t struct_size;
+    int device_id;            /**< -1: memory bound to no device */
+    bool device_accessible;
+    bool host_accessible;
+    bool managed;
+    bool ipc_enabled;
+} cubuf_resource_props_t;
+
+#define CUBUF_RESOURCE_PROPS_INIT {sizeof(cubuf_resource_props_t), -1, false, false, false, false}
+
+/** Usage counters, kept with a few atomics and readable at any time. */
+typedef struct cubuf_resource_stats {
+    size_t current_bytes;
+    size_t peak_bytes;
+    size_t current_count;
+    size_t peak_count;
+    uint64_t total_allocations;
+} cubuf_resource_stats_t;
+
+#define CUBUF_RESOURCE_OPS_VERSION 1
+
+/**
+ * A user-defined resource. `version` is CUBUF_RESOURCE_OPS_VERSION; fields
+ * are only ever appended with a new version.
+ * allocate: size > 0; writes *ptr; may return any status (errors propagate).
+ * deallocate: frees what allocate returned, ordered on `stream`.
+ * destroy (may be NULL): called once when the resource's last reference goes.
+ * The callbacks run without any cubuf lock held and may be called from any
+ * thread.
+ */
+typedef struct cubuf_resource_ops {
+    unsigned version;
+    cubuf_status_t (*allocate)(void *state, size_t size, CUstream stream, CUdeviceptr *ptr);
+    cubuf_status_t (*deallocate)(void *state, CUdeviceptr ptr, size_t size, CUstream stream);
+    void (*destroy)(void *state);
+} cubuf_resource_ops_t;
+
+/**
+ * Creates a resource from user operations. `ops` is copied; `props` (NULL:
+ * device memory of the current device, device accessible) is copied.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (missing callbacks), CUBUF_ERROR_NOT_SUPPORTED
+ * (unknown ops version). Release with cubuf_resource_release.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
+                                               const cubuf_resource_props_t *props, void *state,
+                                               cubuf_resource_t **out);
+
+/** Options for the stream-ordered device pool. Initialize with CUBUF_DEVICE_RESOURCE_OPTIONS_INIT. */
+typedef struct cubuf_device_resource_options {
+    size_t struct_size;
+    bool private_pool;      /**< false: the device's default pool (release threshold raised) */
+    size_t max_size;        /**< private pool only; 0 = no limit */
+    bool ipc_enabled;       /**< private pool only: exportable as POSIX fd */
+    size_t release_threshold; /**< bytes kept cached; SIZE_MAX = keep all (default) */
+} cubuf_device_resource_options_t;
+
+#define CUBUF_DEVICE_RESOURCE_OPTIONS_INIT {sizeof(cubuf_device_resource_options_t), false, 0, false, SIZE_MAX}
+
+/**
+ * Stream-ordered device memory (cuMemAllocFromPoolAsync) on device `ordinal`.
+ * options NULL: the default pool, release threshold raised to keep memory
+ * cached. Pool resources refuse a capturing stream with
+ * CUBUF_ERROR_STREAM_CAPTURING (use the graph resource).
+ * Returns CUBUF_ERROR_OUT_OF_RANGE (bad ordinal), CUBUF_ERROR_NOT_SUPPORTED
+ * (no memory pools, or IPC not supported), CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_device_resource_create(int ordinal,
+                                                      const cubuf_device_resource_options_t *options,
+                                                      cubuf_resource_t **out);
+
+/**
+ * Pinned host memory from a host-located stream-ordered pool, with device
+ * access granted to `ordinal` (so device copies run at full speed). Host and
+ * device accessible; device_id -1. ipc_enabled makes the pool exportable.
+ */
+CUBUF_API cubuf_status_t cubuf_pinned_resource_create(int ordinal, bool ipc_enabled,
+                                                      cubuf_resource_t **out);
+
+/**
+ * Managed memory (cuMemAllocManaged, global attach). preferred_location:
+ * a device ordinal, -1 for the host, or -2 for none. Allocations are
+ * prefetched to the preferred location on the allocating stream when it is a
+ * device. Host and device accessible, is_managed.
+ */
+CUBUF_API cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location,
+                                                       cubuf_resource_t **out);
+
+/**
+ * Legacy pinned host memory (cuMemAllocHost, portable). Size 0 gives pointer 0
+ * without a driver call. Deallocation synchronizes the deallocation stream
+ * before cuMemFreeHost.
+ */
+CUBUF_API cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out);
+
+/**
+ * Synchronous device memory (cuMemAlloc / cuMemFree). Buffers from it can be
+ * shared with legacy IPC handles (cuIpcGetMemHandle), as pyarrow does.
+ * Deallocation synchronizes the deallocation stream before cuMemFree.
+ */
+CUBUF_API cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t **out);
+
+/**
+ * Allocations inside stream capture (graph memory nodes): allocate succeeds
+ * only on a capturing stream (else CUBUF_ERROR_INVALID_ARGUMENT), and
+ * deallocation on a capturing stream adds a free node.
+ */
+CUBUF_API cubuf_status_t cubuf_graph_resource_create(int ordinal, cubuf_resource_t **out);
+
+/** Adds a reference; returns `res`. */
+CUBUF_API cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res);
+/** Drops a reference; buffers hold their resource, so it lives until the last is gone. NULL is a no-op. */
+CUBUF_API void cubuf_resource_release(cubuf_resource_t *res);
+
+/** Copies the resource's properties into *props (props->struct_size must be set). */
+CUBUF_API cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props);
+
+/** Reads the usage counters. */
+CUBUF_API cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_stats_t *stats);
+
+/**
+ * Allocates `size` bytes ordered on `stream` and returns a buffer that owns
+ * them (deallocation stream: `stream`). Size 0 gives an open buffer of size 0
+ * with pointer 0, and no driver call. Returns CUBUF_ERROR_OUT_OF_MEMORY,
+ * CUBUF_ERROR_STREAM_CAPTURING (pool resources on a capturing stream),
+ * CUBUF_ERROR_DRIVER, or what a user resource returns.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
+                                                 cubuf_buffer_t **out);
+
+/* ------------------------------------------------------------------------ */
+/* Context buffers (pyarrow.cuda.Context)                                    */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * A new device buffer of `size` bytes (new_buffer), from the device's
+ * default pool, ordered on the legacy default stream of the context. Counted
+ * in bytes_allocated. Returns CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_context_new_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out);
+
+/** A new pinned host buffer (pyarrow's new_host_buffer), device accessible. Counted in bytes_allocated. */
+CUBUF_API cubuf_status_t cubuf_context_new_host_buffer(cubuf_context_t *ctx, size_t size,
+                                                       cubuf_buffer_t **out);
+
+/** Means "the rest of the data from offset" for cubuf_context_buffer_from_data's size. */
+#define CUBUF_SIZE_REST ((int64_t)-1)
+
+/**
+ * A new device buffer holding a copy of data[offset, offset+size)
+ * (buffer_from_data); the copy has completed when the call returns.
+ * `data` may be host memory (pageable or pinned) or device memory.
+ * size CUBUF_SIZE_REST (-1) means data_size - offset.
+ * Returns CUBUF_ERROR_OUT_OF_RANGE for a negative offset, an offset past
+ * data_size, a negative size other than -1, or offset+size past data_size.
+ */
+CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, const void *data,
+                                                        size_t data_size, int64_t offset, int64_t size,
+                                                        cubuf_buffer_t **out);
+
+/**
+ * A view of [address, address+size) (foreign_buffer). address 0 with size 0
+ * gives an empty buffer. `owner` (may be NULL) is released through
+ * `release` when the view closes. The address may be host or device memory
+ * reachable from the device after cubuf_context_device_address.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for address 0 with a size.
+ */
+CUBUF_API cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr address,
+                                                      size_t size, void *owner,
+                                                      cubuf_owner_release_fn release,
+                                                      cubuf_buffer_t **out);
+
+/**
+ * A view of strided memory (buffer_from_object): `ndim` dimensions of
+ * shape[i] elements, strides[i] bytes apart (negative allowed), items of
+ * itemsize bytes, starting at the element of index 0 at `address`. The view
+ * is the contiguous span that holds every element, gaps included: from the
+ * lowest to the highest byte any element touches. A dimension of length 0
+ * gives an empty view at `address`. ndim 0 is a scalar of itemsize bytes.
+ * The memory must be device accessible (device, pinned or managed).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (ndim > 64, itemsize 0, NULL
+ * arrays with ndim > 0, memory the device cannot reach), CUBUF_ERROR_OUT_OF_RANGE
+ * (span overflow, or a span that starts below address 0).
+ */
+CUBUF_API cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
+                                                           int ndim, const int64_t *shape,
+                                                           const int64_t *strides, size_t itemsize,
+                                                           void *owner, cubuf_owner_release_fn release,
+                                                           cubuf_buffer_t **out);
+
+/**
+ * The device address of `address` in this context (get_device_address): a
+ * device or managed pointer is returned as is, a pinned or mapped host
+ * pointer gives its device alias. Pageable memory the driver does not know
+ * gives CUBUF_ERROR_INVALID_ARGUMENT with a message saying so.
+ */
+CUBUF_API cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, const void *address,
+                                                      CUdeviceptr *device_address);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include <cubuf/vmm.h>
+#include <cubuf/ipc.h>
+
+#endif /* CUBUF_H */

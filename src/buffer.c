@@ -1,0 +1,277 @@
+/* Buffers: creation in the three from_handle modes, slices, close, attributes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
+{
+    cubuf_buffer_t *buf = calloc(1, sizeof *buf);
+    if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
+    atomic_init(&buf->refs, 1);
+    buf->device_id = -1;
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+void cubuf__buffer_discard(cubuf_buffer_t *buf) { free(buf); }
+
+void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res)
+{
+    buf->device_id = res->props.device_id;
+    buf->flags = (res->props.device_accessible ? CUBUF__DEVICE_ACCESSIBLE : 0) |
+                 (res->props.host_accessible ? CUBUF__HOST_ACCESSIBLE : 0) |
+                 (res->props.managed ? CUBUF__MANAGED : 0);
+}
+
+void cubuf__buffer_count_in(cubuf_buffer_t *buf, cubuf_context_t *ctx)
+{
+    buf->ctx = cubuf__context_retain(ctx);
+    atomic_fetch_add_explicit(&ctx->bytes_allocated, buf->size, memory_order_relaxed);
+}
+
+cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what)
+{
+    if (buf->closed) return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the buffer is closed", what);
+    return CUBUF_SUCCESS;
+}
+
+/* The context a default deallocation stream binds to when none is current. */
+static CUcontext fallback_ctx(const cubuf_buffer_t *buf)
+{
+    if (buf->resource && buf->resource->ctx) return buf->resource->ctx->handle;
+    if (buf->ctx) return buf->ctx->handle;
+    return NULL;
+}
+
+/* Reads what the driver knows of ptr: device, accessibility, managed. */
+static cubuf_status_t describe_pointer(cubuf_buffer_t *buf)
+{
+    if (buf->ptr == 0) return CUBUF_SUCCESS;
+    cubuf_status_t st = cubuf__driver_load();
+    if (st != CUBUF_SUCCESS) return st;
+    unsigned int type = 0;
+    int ordinal = -2;
+    uint64_t managed = 0; /* the driver writes a bool; a wide zeroed slot reads the same */
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    void *data[] = {&type, &ordinal, &managed};
+    CUresult r = CU_CALL(cuPointerGetAttributes, 3, attrs, data, buf->ptr);
+    if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_CONTEXT) type = 0; /* unknown memory */
+    else if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttributes");
+    buf->flags = 0;
+    buf->device_id = -1;
+    if (managed) {
+        buf->flags = CUBUF__MANAGED | CUBUF__HOST_ACCESSIBLE | CUBUF__DEVICE_ACCESSIBLE;
+        buf->device_id = ordinal >= 0 ? ordinal : -1;
+    } else if (type == CU_MEMORYTYPE_DEVICE) {
+        buf->flags = CUBUF__DEVICE_ACCESSIBLE;
+        buf->device_id = ordinal >= 0 ? ordinal : -1;
+    } else if (type == CU_MEMORYTYPE_HOST) {
+        buf->flags = CUBUF__HOST_ACCESSIBLE | CUBUF__DEVICE_ACCESSIBLE;
+    } else {
+        buf->flags = CUBUF__HOST_ACCESSIBLE; /* pageable memory the driver does not know */
+    }
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t new_view(CUdeviceptr ptr, size_t size, const char *what, cubuf_buffer_t **out)
+{
+    CHECK_ARG(out, "%s: out is NULL", what);
+    CHECK_ARG(ptr != 0 || size == 0, "%s: pointer 0 with size %zu", what, size);
+    CHECK_ARG(ptr + size >= ptr, "%s: range wraps around the address space", what);
+    cubuf_buffer_t *buf = NULL;
+    cubuf_status_t st = cubuf__buffer_new(&buf);
+    if (st != CUBUF_SUCCESS) return st;
+    buf->ptr = ptr;
+    buf->size = size;
+    if ((st = describe_pointer(buf)) != CUBUF_SUCCESS) {
+        cubuf__buffer_discard(buf);
+        return st;
+    }
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_buffer_t **out)
+{
+    return new_view(ptr, size, "cubuf_buffer_view", out);
+}
+
+cubuf_status_t cubuf_buffer_wrap_external(CUdeviceptr ptr, size_t size, void *owner,
+                                          cubuf_owner_release_fn release, cubuf_buffer_t **out)
+{
+    cubuf_status_t st = new_view(ptr, size, "cubuf_buffer_wrap_external", out);
+    if (st == CUBUF_SUCCESS) {
+        (*out)->owner = owner;
+        (*out)->owner_release = release;
+    }
+    return st;
+}
+
+cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t *resource,
+                                 CUstream stream, cubuf_buffer_t **out)
+{
+    CHECK_ARG(out && resource, "cubuf_buffer_wrap: NULL argument");
+    CHECK_ARG(ptr != 0 || size == 0, "cubuf_buffer_wrap: pointer 0 with size %zu", size);
+    cubuf_buffer_t *buf = NULL;
+    cubuf_status_t st = cubuf__buffer_new(&buf);
+    if (st != CUBUF_SUCCESS) return st;
+    buf->ptr = ptr;
+    buf->size = size;
+    cubuf__buffer_take_props(buf, resource);
+    buf->resource = resource;
+    /* Host-only resources order nothing on a device and need no context. */
+    if (resource->props.device_accessible) {
+        st = cubuf__stream_record(&buf->dealloc, stream, fallback_ctx(buf));
+    } else {
+        buf->dealloc.stream = stream;
+    }
+    if (st != CUBUF_SUCCESS) {
+        cubuf__buffer_discard(buf);
+        return st;
+    }
+    cubuf_resource_retain(resource);
+    if (size) cubuf__stats_add(resource, size);
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t size,
+                                  cubuf_buffer_t **out)
+{
+    CHECK_ARG(parent && out, "cubuf_buffer_slice: NULL argument");
+    cubuf_status_t st = cubuf__buffer_check_open(parent, "cubuf_buffer_slice");
+    if (st != CUBUF_SUCCESS) return st;
+    if (offset > parent->size || size > parent->size - offset)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "cubuf_buffer_slice: [%zu, %zu+%zu) does not fit a buffer of %zu bytes",
+                           offset, offset, size, parent->size);
+    cubuf_buffer_t *buf = NULL;
+    if ((st = cubuf__buffer_new(&buf)) != CUBUF_SUCCESS) return st;
+    buf->ptr = parent->ptr + offset;
+    buf->size = size;
+    buf->device_id = parent->device_id;
+    buf->flags = parent->flags;
+    buf->parent = cubuf_buffer_retain(parent);
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_buffer_t *cubuf_buffer_retain(cubuf_buffer_t *buf)
+{
+    if (buf) atomic_fetch_add_explicit(&buf->refs, 1, memory_order_relaxed);
+    return buf;
+}
+
+static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
+{
+    if (buf->closed) return CUBUF_SUCCESS;
+    cubuf_resource_t *res = buf->resource;
+    if (res && buf->ptr) {
+        cubuf_status_t st = res->vt->deallocate(res, buf, &buf->dealloc);
+        if (st != CUBUF_SUCCESS) return st; /* refused or failed: the buffer stays open */
+        if (!res->vt->manages_stats) cubuf__stats_sub(res, buf->size);
+    }
+    if (buf->ctx) {
+        atomic_fetch_sub_explicit(&buf->ctx->bytes_allocated, buf->size, memory_order_relaxed);
+        cubuf__context_release(buf->ctx);
+        buf->ctx = NULL;
+    }
+    if (buf->owner_release) buf->owner_release(buf->owner);
+    buf->owner_release = NULL;
+    buf->owner = NULL;
+    cubuf_buffer_release(buf->parent);
+    buf->parent = NULL;
+    buf->resource = NULL;
+    cubuf_resource_release(res);
+    buf->closed = true;
+    buf->ptr = 0;
+    buf->size = 0;
+    buf->impl = NULL;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_buffer_close(cubuf_buffer_t *buf)
+{
+    CHECK_ARG(buf, "cubuf_buffer_close: buf is NULL");
+    return close_buffer(buf);
+}
+
+cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream stream)
+{
+    CHECK_ARG(buf, "cubuf_buffer_close_on: buf is NULL");
+    if (buf->closed) return CUBUF_SUCCESS;
+    cubuf_stream_token_t saved = buf->dealloc;
+    cubuf_status_t st = cubuf_buffer_set_deallocation_stream(buf, stream);
+    if (st != CUBUF_SUCCESS) return st;
+    st = close_buffer(buf);
+    if (st != CUBUF_SUCCESS) buf->dealloc = saved; /* a refused close changes nothing */
+    return st;
+}
+
+void cubuf_buffer_release(cubuf_buffer_t *buf)
+{
+    if (!buf || atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1) return;
+    cubuf_status_t st = close_buffer(buf);
+    if (st != CUBUF_SUCCESS) {
+        cubuf__warn(st, "the last release of a buffer could not close it; its memory is lost: %s",
+                    cubuf_last_error());
+        cubuf_resource_release(buf->resource);
+        cubuf_buffer_release(buf->parent);
+        if (buf->ctx) cubuf__context_release(buf->ctx);
+    }
+    free(buf);
+}
+
+cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream)
+{
+    CHECK_ARG(buf, "cubuf_buffer_set_deallocation_stream: buf is NULL");
+    cubuf_status_t st = cubuf__buffer_check_open(buf, "cubuf_buffer_set_deallocation_stream");
+    if (st != CUBUF_SUCCESS) return st;
+    if (buf->resource && !buf->resource->props.device_accessible) {
+        buf->dealloc.stream = stream;
+        buf->dealloc.ctx = NULL;
+        return CUBUF_SUCCESS;
+    }
+    cubuf_stream_token_t t;
+    if ((st = cubuf__stream_record(&t, stream, fallback_ctx(buf))) != CUBUF_SUCCESS) return st;
+    buf->dealloc = t;
+    return CUBUF_SUCCESS;
+}
+
+CUdeviceptr cubuf_buffer_ptr(const cubuf_buffer_t *buf) { return buf ? buf->ptr : 0; }
+size_t cubuf_buffer_size(const cubuf_buffer_t *buf) { return buf ? buf->size : 0; }
+int cubuf_buffer_device_id(const cubuf_buffer_t *buf) { return buf ? buf->device_id : -1; }
+bool cubuf_buffer_is_closed(const cubuf_buffer_t *buf) { return !buf || buf->closed; }
+
+static bool has_flag(const cubuf_buffer_t *buf, unsigned flag)
+{
+    return buf && !buf->closed && (buf->flags & flag);
+}
+
+bool cubuf_buffer_is_device_accessible(const cubuf_buffer_t *buf)
+{
+    return has_flag(buf, CUBUF__DEVICE_ACCESSIBLE);
+}
+bool cubuf_buffer_is_host_accessible(const cubuf_buffer_t *buf)
+{
+    return has_flag(buf, CUBUF__HOST_ACCESSIBLE);
+}
+bool cubuf_buffer_is_managed(const cubuf_buffer_t *buf) { return has_flag(buf, CUBUF__MANAGED); }
+bool cubuf_buffer_is_mapped(const cubuf_buffer_t *buf) { return has_flag(buf, CUBUF__MAPPED); }
+
+cubuf_resource_t *cubuf_buffer_resource(const cubuf_buffer_t *buf)
+{
+    return buf ? buf->resource : NULL;
+}
+
+void *cubuf_buffer_owner(const cubuf_buffer_t *buf)
+{
+    if (!buf) return NULL;
+    if (buf->parent) return cubuf_buffer_owner(buf->parent);
+    return buf->owner;
+}
+
+cubuf_buffer_t *cubuf_buffer_parent(const cubuf_buffer_t *buf) { return buf ? buf->parent : NULL; }

@@ -1,0 +1,97 @@
+/* Status names and strings, the thread-local detail, warnings. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+const char *cubuf_status_name(cubuf_status_t status)
+{
+    switch (status) {
+#define CUBUF_NAME_CASE_(name, value, text) \
+    case CUBUF_##name: return "CUBUF_" #name;
+        CUBUF_STATUS_MAP(CUBUF_NAME_CASE_)
+#undef CUBUF_NAME_CASE_
+    }
+    return "CUBUF_UNKNOWN_STATUS";
+}
+
+const char *cubuf_status_string(cubuf_status_t status)
+{
+    switch (status) {
+#define CUBUF_TEXT_CASE_(name, value, text) \
+    case CUBUF_##name: return text;
+        CUBUF_STATUS_MAP(CUBUF_TEXT_CASE_)
+#undef CUBUF_TEXT_CASE_
+    }
+    return "unknown status";
+}
+
+static _Thread_local char last_error[1024];
+static _Thread_local CUresult last_cu;
+
+const char *cubuf_last_error(void) { return last_error; }
+CUresult cubuf_last_cuda_result(void) { return last_cu; }
+void cubuf__set_last_cu(CUresult r) { last_cu = r; }
+
+cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
+{
+    /* The detail may be built from the previous one (vsnprintf from itself is
+     * undefined), so format into a scratch buffer first. */
+    char tmp[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    memcpy(last_error, tmp, sizeof tmp);
+    if (!strstr(tmp, "failed: CUDA_ERROR") && !strstr(tmp, "failed: CUresult"))
+        last_cu = CUDA_SUCCESS;
+    return st;
+}
+
+void cubuf__detail_append(const char *fmt, ...)
+{
+    size_t n = strlen(last_error);
+    if (n + 4 >= sizeof last_error) return;
+    last_error[n++] = ' ';
+    last_error[n++] = '(';
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error + n, sizeof last_error - n - 1, fmt, ap);
+    va_end(ap);
+    n = strlen(last_error);
+    if (n + 1 < sizeof last_error) {
+        last_error[n] = ')';
+        last_error[n + 1] = '\0';
+    }
+}
+
+/* Warnings are rare: a mutex keeps the handler and its user pointer together. */
+static pthread_mutex_t handler_lock = PTHREAD_MUTEX_INITIALIZER;
+static cubuf_warning_fn handler_fn;
+static void *handler_user;
+
+void cubuf_set_warning_handler(cubuf_warning_fn fn, void *user)
+{
+    pthread_mutex_lock(&handler_lock);
+    handler_fn = fn;
+    handler_user = fn ? user : NULL;
+    pthread_mutex_unlock(&handler_lock);
+}
+
+void cubuf__warn(cubuf_status_t st, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&handler_lock);
+    cubuf_warning_fn fn = handler_fn;
+    void *user = handler_user;
+    pthread_mutex_unlock(&handler_lock);
+    if (fn)
+        fn(st, msg, user);
+    else
+        fprintf(stderr, "cubuf warning: %s: %s\n", cubuf_status_name(st), msg);
+}

@@ -1,0 +1,181 @@
+/* Private structures and helpers shared by the cubuf sources. Never installed. */
+#ifndef CUBUF_INTERNAL_H
+#define CUBUF_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cubuf.h"
+#include "driver.h"
+
+/* ---- errors (error.c) ---------------------------------------------------- */
+
+/* Records a formatted detail as this thread's last error and returns st. */
+cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Appends " (...)" to the last error: the sizes or objects involved. */
+void cubuf__detail_append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Sends a message to the warning handler. */
+void cubuf__warn(cubuf_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Remembers the CUresult of a failed driver call for cubuf_last_cuda_result. */
+void cubuf__set_last_cu(CUresult r);
+
+/* The checking macro: run a status-returning expression, unwind on failure.
+ * Functions using it declare `cubuf_status_t st` and a `fail:` label. */
+#define CHECK(expr)                                                                 \
+    do {                                                                            \
+        st = (expr);                                                                \
+        if (st != CUBUF_SUCCESS) goto fail;                                         \
+    } while (0)
+
+#define CHECK_ARG(cond, ...)                                                        \
+    do {                                                                            \
+        if (!(cond)) return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
+    } while (0)
+
+/* ---- contexts (context.c) -------------------------------------------------- */
+
+struct cubuf_context {
+    atomic_int refs;
+    CUcontext handle;
+    CUdevice device;
+    int ordinal;
+    bool primary;                 /* retained primary context: release at the end */
+    atomic_size_t bytes_allocated;
+    atomic_uintptr_t device_pool; /* cubuf_resource_t*, made on first new_buffer */
+    atomic_uintptr_t host_pool;   /* cubuf_resource_t*, made on first new_host_buffer */
+};
+
+/* Internal references, taken by buffers and resources. */
+cubuf_context_t *cubuf__context_retain(cubuf_context_t *ctx);
+void cubuf__context_release(cubuf_context_t *ctx);
+/* A retained context for device `ordinal` (its primary context). Validates
+ * the ordinal with a message naming the valid range. */
+cubuf_status_t cubuf__context_for_device(int ordinal, cubuf_context_t **out);
+
+/* Validates a device ordinal (the message names the valid range). */
+cubuf_status_t cubuf__device_get(int ordinal, CUdevice *dev);
+
+/* Makes `ctx` current for a while; restores the caller's context on pop.
+ * Skips the push when ctx is already current (the common, fast case). */
+typedef struct cubuf_ctx_guard {
+    bool pushed;
+} cubuf_ctx_guard_t;
+cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard);
+void cubuf__ctx_pop(cubuf_ctx_guard_t *guard);
+
+/* ---- streams (stream.c) ---------------------------------------------------- */
+
+/* A recorded deallocation stream. A default stream is bound to a context. */
+typedef struct cubuf_stream_token {
+    CUstream stream;
+    CUcontext ctx; /* for default streams: the context they were bound in; else NULL */
+} cubuf_stream_token_t;
+
+bool cubuf__stream_is_default(CUstream s);
+/* Records `s`; a default stream binds to the current context, else to `fallback`.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT when neither exists. */
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback);
+/* Capture status of a stream (default streams queried inside `ctx`). A
+ * default stream whose query reports an implicit dependency on a capturing
+ * stream reads as CU_STREAM_CAPTURE_STATUS_ACTIVE. */
+cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamCaptureStatus *status);
+/* CUBUF_ERROR_STREAM_CAPTURING if s is capturing (naming `what`), else success. */
+cubuf_status_t cubuf__stream_refuse_capture(CUstream s, CUcontext ctx, const char *what);
+/* Synchronizes a recorded stream in its context. */
+cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t);
+
+/* ---- resources (resource.c) ----------------------------------------------- */
+
+typedef enum cubuf_resource_kind {
+    CUBUF_RES_USER,
+    CUBUF_RES_DEVICE_POOL,
+    CUBUF_RES_PINNED_POOL,
+    CUBUF_RES_MANAGED,
+    CUBUF_RES_LEGACY_PINNED,
+    CUBUF_RES_SYNC_DEVICE,
+    CUBUF_RES_GRAPH,
+    CUBUF_RES_VMM,
+    CUBUF_RES_IMPORTED, /* owns imported IPC mappings */
+} cubuf_resource_kind_t;
+
+/* Operations of the built-in resources. allocate sets buf->ptr (and
+ * buf->impl) for buf->size > 0 bytes; deallocate frees them, ordered on the
+ * token, and may refuse (buffer stays open) by returning an error before
+ * changing anything. */
+typedef struct cubuf_resource_vtbl {
+    cubuf_status_t (*allocate)(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream);
+    cubuf_status_t (*deallocate)(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                 const cubuf_stream_token_t *token);
+    void (*destroy)(cubuf_resource_t *res);
+    /* true: the resource keeps its own statistics (VMM aliases share memory) */
+    bool manages_stats;
+} cubuf_resource_vtbl_t;
+
+struct cubuf_resource {
+    const cubuf_resource_vtbl_t *vt;
+    atomic_int refs;
+    cubuf_resource_kind_t kind;
+    cubuf_resource_props_t props;
+    cubuf_context_t *ctx; /* device context (retained), NULL for user resources */
+    /* statistics */
+    atomic_size_t cur_bytes, peak_bytes, cur_count, peak_count;
+    atomic_uint_least64_t total;
+    /* user resources */
+    cubuf_resource_ops_t user_ops;
+    void *user_state;
+    /* kind-specific state */
+    void *impl;
+};
+
+/* Allocates a zeroed resource with one reference. */
+cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
+                                   cubuf_context_t *ctx, cubuf_resource_t **out);
+void cubuf__stats_add(cubuf_resource_t *res, size_t bytes);
+void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes);
+
+/* ---- buffers (buffer.c) ---------------------------------------------------- */
+
+enum {
+    CUBUF__DEVICE_ACCESSIBLE = 1u << 0,
+    CUBUF__HOST_ACCESSIBLE = 1u << 1,
+    CUBUF__MANAGED = 1u << 2,
+    CUBUF__MAPPED = 1u << 3,
+};
+
+struct cubuf_buffer {
+    atomic_int refs;
+    bool closed;
+    CUdeviceptr ptr;
+    size_t size;
+    int device_id;
+    unsigned flags;
+    cubuf_resource_t *resource; /* owning resource (retained) or NULL */
+    cubuf_stream_token_t dealloc;
+    void *owner;
+    cubuf_owner_release_fn owner_release;
+    cubuf_buffer_t *parent;     /* slices: retained parent */
+    cubuf_context_t *ctx;       /* counted in ctx->bytes_allocated (retained) */
+    void *impl;                 /* resource-private (a VMM range, an IPC import) */
+};
+
+/* A zeroed open buffer with one reference. */
+cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out);
+/* Frees the struct of a buffer that owns nothing yet (failure paths). */
+void cubuf__buffer_discard(cubuf_buffer_t *buf);
+/* Sets device_id and flags from the resource's properties. */
+void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res);
+/* Counts the buffer in ctx->bytes_allocated (and keeps ctx alive). */
+void cubuf__buffer_count_in(cubuf_buffer_t *buf, cubuf_context_t *ctx);
+/* Returns CUBUF_ERROR_CLOSED (naming `what`) if buf is closed. */
+cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what);
+
+/* ---- copies (copy.c) ------------------------------------------------------- */
+
+/* The context copies and fills of `buf` run in. */
+CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf);
+
+#endif

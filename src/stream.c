@@ -1,0 +1,63 @@
+/* Deallocation-stream tokens and capture checks. */
+#include "internal.h"
+
+bool cubuf__stream_is_default(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback)
+{
+    t->stream = s;
+    t->ctx = NULL;
+    if (!cubuf__stream_is_default(s)) return CUBUF_SUCCESS;
+    CUcontext cur = NULL;
+    cubuf_status_t st = CU(cuCtxGetCurrent, &cur);
+    if (st != CUBUF_SUCCESS) return st;
+    t->ctx = cur ? cur : fallback;
+    if (!t->ctx)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "cannot record a default stream: no CUDA context is current and the "
+                           "memory belongs to no device");
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamCaptureStatus *status)
+{
+    cubuf_ctx_guard_t g = {false};
+    cubuf_status_t st = CUBUF_SUCCESS;
+    if (cubuf__stream_is_default(s) && ctx && (st = cubuf__ctx_push(ctx, &g)) != CUBUF_SUCCESS)
+        return st;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = CU_CALL(cuStreamIsCapturing, s, &cs);
+    cubuf__ctx_pop(&g);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        /* The legacy stream would wait on a capturing blocking stream:
+         * synchronizing it would invalidate that capture. */
+        *status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        return CUBUF_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuStreamIsCapturing");
+    *status = cs;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__stream_refuse_capture(CUstream s, CUcontext ctx, const char *what)
+{
+    CUstreamCaptureStatus cs;
+    cubuf_status_t st = cubuf__stream_capture_status(s, ctx, &cs);
+    if (st != CUBUF_SUCCESS) return st;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING, "%s: the stream is capturing", what);
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t)
+{
+    cubuf_ctx_guard_t g = {false};
+    cubuf_status_t st;
+    if (t->ctx && (st = cubuf__ctx_push(t->ctx, &g)) != CUBUF_SUCCESS) return st;
+    st = CU(cuStreamSynchronize, t->stream);
+    cubuf__ctx_pop(&g);
+    return st;
+}
