@@ -1,0 +1,2 @@
+/* (filled by its issue) */
+#include "internal.h"
