@@ -161,7 +161,7 @@ typedef struct cubuf_device_info {
     bool can_map_host_memory;
 } cubuf_device_info_t;
 
-#define CUBUF_DEVICE_INFO_INIT {sizeof(cubuf_device_info_t)}
+#define CUBUF_DEVICE_INFO_INIT {.struct_size = sizeof(cubuf_device_info_t)}
 
 /**
  * Fills *info for device `ordinal`. info->struct_size must be set
@@ -170,6 +170,13 @@ typedef struct cubuf_device_info {
  * CUBUF_ERROR_NO_DEVICE, CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info);
+
+/**
+ * Whether device `ordinal` can access memory of device `peer` directly
+ * (cuDeviceCanAccessPeer; a device can always access itself). Returns
+ * CUBUF_ERROR_OUT_OF_RANGE for a bad ordinal, CUBUF_ERROR_NO_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_device_can_access_peer(int ordinal, int peer, bool *can_access);
 
 /* ------------------------------------------------------------------------ */
 /* Contexts (pyarrow.cuda.Context)                                           */

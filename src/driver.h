@@ -16,7 +16,7 @@
     X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)          \
     X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceTotalMem)      \
     X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer)                               \
-    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                       \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxGetState) \
     X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetCurrent) X(cuCtxSetCurrent)   \
     X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxCreate) X(cuCtxDestroy)           \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)   \

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU suite in one go: build, tests, tests under compute-sanitizer, cubuf
+# info, benchmarks. Usage: tools/gpu_suite.sh OUTDIR [parts...]
+# parts: build tests sanitize info bench (default: all of them). Logs go to OUTDIR.
+set -uo pipefail
+out=${1:?usage: gpu_suite.sh OUTDIR [build|tests|sanitize|info|bench]...}
+shift
+parts=${*:-build tests sanitize info bench}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+build=build-gpu
+rc=0
+has() { [[ " $parts " == *" $1 "* ]]; }
+
+if has build; then
+  { cmake -S . -B $build -G Ninja -DCUBUF_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+    cmake --build $build -j 16; } >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  echo "build ok"
+fi
+if has info; then
+  { ./$build/cubuf info; ./$build/cubuf info --json; ./$build/cubuf demo; } 2>&1 | tee "$out/info.log"
+fi
+if has tests; then
+  ctest --test-dir $build --output-on-failure -j 4 --timeout 600 >"$out/ctest.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed|Failed|\*\*\*|Skipped" "$out/ctest.log" | tail -25
+fi
+if has sanitize; then
+  : >"$out/sanitize.log"
+  for t in $build/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    case $name in test_header_*|test_nodriver|test_status) continue ;; esac
+    res=$(compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 \
+          --target-processes all "$t" 2>&1)
+    code=$?
+    echo "== $name exit $code" >>"$out/sanitize.log"
+    echo "$res" | tail -40 >>"$out/sanitize.log"
+    summary=$(echo "$res" | grep -E "ERROR SUMMARY" | tail -1)
+    echo "sanitize $name: exit $code ${summary}"
+    [ $code -eq 0 ] || [ $code -eq 77 ] || rc=1
+  done
+fi
+if has bench; then
+  for b in $build/bench/bench_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    timeout 300 "$b" >"$out/$name.log" 2>&1
+    echo "== $name exit $?"
+    grep -E "^TARGET|^SUMMARY" "$out/$name.log"
+  done
+fi
+exit $rc
