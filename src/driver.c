@@ -10,7 +10,7 @@
 cubuf_driver_t cubuf__drv;
 
 static const char *const drv_names[] = {
-#define CUBUF_DRV_NAME_(name) #name,
+#define CUBUF_DRV_NAME_(name, version) #name,
     CUBUF_DRIVER_ENTRIES(CUBUF_DRV_NAME_, CUBUF_DRV_NAME_)
 #undef CUBUF_DRV_NAME_
 };
@@ -34,15 +34,17 @@ static char load_detail[512];
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 
-static cubuf_status_t resolve(get_proc_fn get_proc, const char *name, void **slot, bool required)
+static cubuf_status_t resolve(get_proc_fn get_proc, const char *name, int version, void **slot,
+                              bool required)
 {
     CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
-    CUresult r = get_proc(name, slot, CUBUF_DRIVER_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &q);
+    CUresult r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &q);
     if (r == CUDA_SUCCESS && q == CU_GET_PROC_ADDRESS_SUCCESS && *slot) return CUBUF_SUCCESS;
     *slot = NULL;
     if (!required) return CUBUF_SUCCESS;
     snprintf(load_detail, sizeof load_detail,
-             "the CUDA driver lacks %s (CUresult %d, query result %d)", name, (int)r, (int)q);
+             "the CUDA driver lacks %s (ABI of CUDA %d; CUresult %d, query result %d)", name,
+             version, (int)r, (int)q);
     return CUBUF_ERROR_NO_DRIVER;
 }
 
@@ -66,10 +68,10 @@ static void load(void)
         return; /* lib stays loaded: unloading a driver is never safe */
     }
     cubuf_status_t st = CUBUF_SUCCESS;
-#define CUBUF_DRV_REQ_(name) \
-    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, (void **)&cubuf__drv.name, true);
-#define CUBUF_DRV_OPT_(name) \
-    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, (void **)&cubuf__drv.name, false);
+#define CUBUF_DRV_REQ_(name, version) \
+    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, version, (void **)&cubuf__drv.name, true);
+#define CUBUF_DRV_OPT_(name, version) \
+    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, version, (void **)&cubuf__drv.name, false);
     CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_, CUBUF_DRV_OPT_)
 #undef CUBUF_DRV_REQ_
 #undef CUBUF_DRV_OPT_
@@ -78,10 +80,10 @@ static void load(void)
         return;
     }
     int version = 0;
-    if (cubuf__drv.cuDriverGetVersion(&version) != CUDA_SUCCESS || version < CUBUF_DRIVER_ABI) {
+    if (cubuf__drv.cuDriverGetVersion(&version) != CUDA_SUCCESS || version < CUBUF_DRIVER_MIN) {
         snprintf(load_detail, sizeof load_detail,
-                 "the CUDA driver is version %d.%d; cubuf needs 13.0 or newer", version / 1000,
-                 version % 1000 / 10);
+                 "the CUDA driver is version %d.%d; cubuf needs %d.%d or newer", version / 1000,
+                 version % 1000 / 10, CUBUF_DRIVER_MIN / 1000, CUBUF_DRIVER_MIN % 1000 / 10);
         load_status = CUBUF_ERROR_NO_DRIVER;
         return;
     }

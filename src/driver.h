@@ -5,60 +5,72 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include <cudaTypedefs.h>
+
 #include "cubuf.h"
 
-/* The CUDA version at which entry points are resolved: it must match the
- * cuda.h that declares their types. */
-#define CUBUF_DRIVER_ABI 13000
+/* The oldest driver cubuf accepts: the highest version among the required
+ * entry points below (cuEventElapsedTime_v2). */
+#define CUBUF_DRIVER_MIN 12080
 
-/* X(name): required entry points. XO(name): optional ones (NULL if absent). */
-#define CUBUF_DRIVER_ENTRIES(X, XO)                                                 \
-    X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)          \
-    X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceTotalMem)      \
-    X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer)                               \
-    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxGetState) \
-    X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetCurrent) X(cuCtxSetCurrent)   \
-    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxCreate) X(cuCtxDestroy)           \
-    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)   \
-    X(cuStreamIsCapturing) X(cuStreamGetCtx) X(cuStreamBeginCapture)               \
-    X(cuStreamEndCapture) X(cuThreadExchangeStreamCaptureMode)                     \
-    X(cuGraphDestroy) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) \
-    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)      \
-    X(cuEventElapsedTime)                                                          \
-    X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost)  \
-    X(cuMemHostAlloc) X(cuMemHostGetDevicePointer) X(cuMemHostRegister)            \
-    X(cuMemHostUnregister) X(cuMemAllocManaged) X(cuMemAdvise)                     \
-    X(cuMemPrefetchAsync) X(cuMemGetAddressRange)                                  \
-    X(cuPointerGetAttribute) X(cuPointerGetAttributes)                             \
-    X(cuMemAllocAsync) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)                \
-    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolSetAttribute)                \
-    X(cuMemPoolGetAttribute) X(cuMemPoolSetAccess) X(cuMemPoolGetAccess)           \
-    X(cuMemPoolTrimTo) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)          \
-    X(cuMemGetDefaultMemPool)                                                      \
-    X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle)      \
-    X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)                            \
-    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                   \
-    X(cuMemcpyPeerAsync)                                                           \
-    X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async)                     \
-    X(cuMemsetD8)                                                                  \
-    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)      \
-    X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                  \
-    X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle)               \
-    X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle)               \
-    X(cuMemGetAllocationPropertiesFromHandle)                                      \
-    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)              \
-    XO(cuMemcpyBatchAsync)
+/* The entry points, each with the CUDA version whose ABI cubuf calls:
+ * X(name, version) required, XO(name, version) optional (NULL if absent).
+ * The field type is cudaTypedefs.h's PFN_<name>_v<version>, and the driver is
+ * asked for exactly that version, so a call can never go through a
+ * mismatched signature (13.0 changed cuCtxSynchronize, cuCtxGetDevice and
+ * cuStreamGetCtx under unchanged names; the old ABIs are the ones used). To
+ * add one: the highest PFN_<name>_v<N> in cudaTypedefs.h that matches the
+ * cuda.h declaration you call. */
+#define CUBUF_DRIVER_ENTRIES(X, XO)                                                         \
+    X(cuInit, 2000) X(cuDriverGetVersion, 2020) X(cuGetErrorName, 6000)                 \
+    X(cuGetErrorString, 6000) X(cuDeviceGet, 2000) X(cuDeviceGetCount, 2000)            \
+    X(cuDeviceGetName, 2000) X(cuDeviceTotalMem, 3020) X(cuDeviceGetAttribute, 2000)    \
+    X(cuDeviceCanAccessPeer, 4000) X(cuDevicePrimaryCtxRetain, 7000)                    \
+    X(cuDevicePrimaryCtxRelease, 11000) X(cuDevicePrimaryCtxGetState, 7000)             \
+    X(cuCtxPushCurrent, 4000) X(cuCtxPopCurrent, 4000) X(cuCtxGetCurrent, 4000)         \
+    X(cuCtxSetCurrent, 4000) X(cuCtxGetDevice, 2000) X(cuCtxSynchronize, 2000)          \
+    X(cuCtxCreate, 12050) X(cuCtxDestroy, 4000) X(cuStreamCreate, 2000)                 \
+    X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuStreamQuery, 2000)        \
+    X(cuStreamIsCapturing, 10000) X(cuStreamGetCtx, 9020) X(cuStreamBeginCapture, 10010)\
+    X(cuStreamEndCapture, 10000) X(cuThreadExchangeStreamCaptureMode, 10010)            \
+    X(cuGraphDestroy, 10000) X(cuGraphInstantiateWithFlags, 11040)                      \
+    X(cuGraphLaunch, 10000) X(cuGraphExecDestroy, 10000) X(cuEventCreate, 2000)         \
+    X(cuEventDestroy, 4000) X(cuEventRecord, 2000) X(cuEventSynchronize, 2000)          \
+    X(cuEventElapsedTime, 12080) X(cuMemGetInfo, 3020) X(cuMemAlloc, 3020)              \
+    X(cuMemFree, 3020) X(cuMemAllocHost, 3020) X(cuMemFreeHost, 2000)                   \
+    X(cuMemHostAlloc, 2020) X(cuMemHostGetDevicePointer, 3020)                          \
+    X(cuMemHostRegister, 6050) X(cuMemHostUnregister, 4000) X(cuMemAllocManaged, 6000)  \
+    X(cuMemAdvise, 12020) X(cuMemPrefetchAsync, 12020) X(cuMemGetAddressRange, 3020)    \
+    X(cuPointerGetAttribute, 4000) X(cuPointerGetAttributes, 7000)                      \
+    X(cuMemAllocAsync, 11020) X(cuMemAllocFromPoolAsync, 11020) X(cuMemFreeAsync, 11020)\
+    X(cuMemPoolCreate, 11020) X(cuMemPoolDestroy, 11020) X(cuMemPoolSetAttribute, 11020)\
+    X(cuMemPoolGetAttribute, 11020) X(cuMemPoolSetAccess, 11020)                        \
+    X(cuMemPoolGetAccess, 11020) X(cuMemPoolTrimTo, 11020)                              \
+    X(cuDeviceGetDefaultMemPool, 11020) X(cuDeviceGetMemPool, 11020)                    \
+    XO(cuMemGetDefaultMemPool, 13000) X(cuMemPoolExportToShareableHandle, 11020)        \
+    X(cuMemPoolImportFromShareableHandle, 11020) X(cuMemPoolExportPointer, 11020)       \
+    X(cuMemPoolImportPointer, 11020) X(cuMemcpy, 4000) X(cuMemcpyAsync, 4000)           \
+    X(cuMemcpyHtoD, 3020) X(cuMemcpyDtoH, 3020) X(cuMemcpyPeerAsync, 4000)              \
+    X(cuMemsetD8Async, 3020) X(cuMemsetD16Async, 3020) X(cuMemsetD32Async, 3020)        \
+    X(cuMemsetD8, 3020) X(cuMemAddressReserve, 10020) X(cuMemAddressFree, 10020)        \
+    X(cuMemCreate, 10020) X(cuMemRelease, 10020) X(cuMemMap, 10020) X(cuMemUnmap, 10020)\
+    X(cuMemSetAccess, 10020) X(cuMemGetAccess, 10020)                                   \
+    X(cuMemGetAllocationGranularity, 10020) X(cuMemExportToShareableHandle, 10020)      \
+    X(cuMemImportFromShareableHandle, 10020) X(cuMemRetainAllocationHandle, 11000)      \
+    X(cuMemGetAllocationPropertiesFromHandle, 10020) X(cuIpcGetMemHandle, 4010)         \
+    X(cuIpcOpenMemHandle, 11000) X(cuIpcCloseMemHandle, 4010)                           \
+    XO(cuMemcpyBatchAsync, 13000)
 
 /* One id per entry point, for fault injection and call counting. */
 typedef enum cubuf_drv_id {
-#define CUBUF_DRV_ID_(name) CUBUF_DRV_##name,
+#define CUBUF_DRV_ID_(name, version) CUBUF_DRV_##name,
     CUBUF_DRIVER_ENTRIES(CUBUF_DRV_ID_, CUBUF_DRV_ID_)
 #undef CUBUF_DRV_ID_
     CUBUF_DRV_COUNT
 } cubuf_drv_id_t;
 
 typedef struct cubuf_driver {
-#define CUBUF_DRV_FIELD_(name) __typeof__(name) *name;
+#define CUBUF_DRV_FIELD_(name, version) PFN_##name##_v##version name;
     CUBUF_DRIVER_ENTRIES(CUBUF_DRV_FIELD_, CUBUF_DRV_FIELD_)
 #undef CUBUF_DRV_FIELD_
     int version; /* cuDriverGetVersion */
