@@ -369,15 +369,27 @@ typedef struct cubuf_copy_options {
 
 /**
  * Copies src into dst asynchronously on `stream` (Buffer.copy_from).
- * The sizes must be equal (else CUBUF_ERROR_INVALID_ARGUMENT).
+ * The sizes must be equal (else CUBUF_ERROR_INVALID_ARGUMENT); size 0 is a
+ * no-op that calls no driver.
+ * The copy runs in the context of dst's resource (or of the context dst was
+ * made through), else src's, else the caller's current context (views and
+ * user resources); `stream` must belong to that context or be a default
+ * stream. Without options it costs cuMemcpyAsync plus at most one
+ * cuCtxGetCurrent.
  * `options` may be NULL. With options the copy goes through the driver's
  * attributed copy (a batch of one through cuMemcpyBatchAsync, CUDA 12.8+):
- * options are refused with the legacy default stream (use
- * CU_STREAM_PER_THREAD) and with a capturing stream
- * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there). Where the driver has no
- * attributed copy, STREAM and ANY fall back to a plain copy and
- * DURING_API_CALL returns CUBUF_ERROR_NOT_SUPPORTED.
- * Returns CUBUF_ERROR_CLOSED if either is closed, CUBUF_ERROR_DRIVER.
+ * options are refused with the legacy default stream (0 or
+ * CU_STREAM_LEGACY; use CU_STREAM_PER_THREAD) and with a capturing stream
+ * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there), as are a wrong
+ * struct_size, an unknown enum value and a negative device or NUMA id in a
+ * location hint. Where the driver has no attributed copy, STREAM and ANY
+ * fall back to a plain copy and DURING_API_CALL returns
+ * CUBUF_ERROR_NOT_SUPPORTED. Location hints only matter for managed and
+ * pageable memory; the driver ignores them elsewhere.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buffer), CUBUF_ERROR_CLOSED if
+ * either is closed, CUBUF_ERROR_NOT_SUPPORTED, CUBUF_ERROR_DRIVER.
+ * Thread-safety: as any use of a buffer; the caller orders the copy against
+ * other work on the two buffers.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
                                                 CUstream stream, const cubuf_copy_options_t *options);
@@ -385,8 +397,13 @@ CUBUF_API cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf
 /**
  * Copies src into *dst asynchronously on `stream` (Buffer.copy_to). If *dst
  * is NULL, a buffer of src's size is first allocated from src's resource on
- * `stream` and stored in *dst (the caller releases it); a src without a
- * resource gives CUBUF_ERROR_INVALID_ARGUMENT. Otherwise as copy_from.
+ * `stream` (its deallocation stream is `stream`) and stored in *dst (the
+ * caller releases it); when src is counted in a context's bytes_allocated
+ * the new buffer is counted there too. A src without a resource (a view or
+ * a slice) gives CUBUF_ERROR_INVALID_ARGUMENT. Options are checked before
+ * anything is allocated; if the copy fails, the new buffer is freed again
+ * (on `stream`) and *dst stays NULL. With *dst not NULL: as copy_from.
+ * Returns what cubuf_resource_allocate and cubuf_buffer_copy_from return.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **dst,
                                               CUstream stream, const cubuf_copy_options_t *options);
@@ -400,26 +417,42 @@ typedef struct cubuf_copy {
 
 /**
  * Runs `count` copies in one call on `stream`, all with the same options
- * (NULL: default ordering). Uses cuMemcpyBatchAsync where available, else
- * one plain copy each. Same option rules as cubuf_buffer_copy_from.
- * count 0 is a no-op. On failure, *failed_index (may be NULL) is the index
- * of the copy that failed, or count when the batch as a whole was refused.
+ * (NULL: default ordering), in the caller's current context. The copies of
+ * a batch may run in any order and concurrently: none may write bytes
+ * another reads or writes. Copies of size 0 are skipped; an address 0 with
+ * a size is CUBUF_ERROR_INVALID_ARGUMENT before anything is enqueued.
+ * Uses cuMemcpyBatchAsync where available, else one plain copy each;
+ * without options it also uses plain copies for a single copy, on the
+ * legacy default stream and on a capturing stream (13.0 drivers cannot
+ * capture a batch). Same option rules as cubuf_buffer_copy_from.
+ * count 0 is a no-op. On failure, *failed_index (may be NULL; written on
+ * failure only) is the index of the copy that failed, or count when the
+ * batch as a whole was refused (bad options, or cuMemcpyBatchAsync failed);
+ * after a plain copy failed, the copies before it may have been enqueued.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_NOT_SUPPORTED,
+ * CUBUF_ERROR_OUT_OF_MEMORY (host arrays for a large batch), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
                                           const cubuf_copy_options_t *options, size_t *failed_index);
 
 /**
  * Fills the buffer with a repeating pattern of `pattern_size` bytes (1, 2 or
- * 4) read from `pattern`, asynchronously on `stream` (Buffer.fill).
- * Returns CUBUF_ERROR_INVALID_ARGUMENT if pattern_size is not 1, 2 or 4, or
- * the buffer size is not a multiple of it; CUBUF_ERROR_CLOSED; CUBUF_ERROR_DRIVER.
+ * 4) read from `pattern`, asynchronously on `stream` (Buffer.fill): the
+ * pattern's bytes repeat in memory in the order they lie at `pattern`.
+ * Runs in the buffer's context as copies do (cuMemsetD8/D16/D32Async plus at
+ * most one cuCtxGetCurrent). A buffer of size 0 is a no-op.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT if buf or pattern is NULL, if
+ * pattern_size is not 1, 2 or 4, if the buffer size is not a multiple of it,
+ * or if the buffer's address is not aligned to it (a slice at an odd
+ * offset); CUBUF_ERROR_CLOSED; CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_fill(cubuf_buffer_t *buf, const void *pattern,
                                            size_t pattern_size, CUstream stream);
 
 /**
  * Fills with one byte (Buffer.fill(int)). `value` outside [0, 256) gives
- * CUBUF_ERROR_OUT_OF_RANGE.
+ * CUBUF_ERROR_OUT_OF_RANGE (checked before whether the buffer is closed);
+ * otherwise as cubuf_buffer_fill with a 1-byte pattern.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_fill_byte(cubuf_buffer_t *buf, long long value, CUstream stream);
 
@@ -487,53 +520,110 @@ typedef struct cubuf_device_resource_options {
 
 #define CUBUF_DEVICE_RESOURCE_OPTIONS_INIT {sizeof(cubuf_device_resource_options_t), false, 0, false, SIZE_MAX}
 
+/*
+ * The built-in resources below share these rules:
+ *  - `ordinal` is validated (CUBUF_ERROR_OUT_OF_RANGE, the detail names the
+ *    valid range); the resource keeps the device's primary context retained
+ *    until its last reference is gone (buffers hold their resource).
+ *  - A default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) given to
+ *    cubuf_resource_allocate is the one of the context current at that
+ *    moment, or of the resource's device's primary context when none is; the
+ *    allocation and the recorded deallocation stream both use it.
+ *  - Every create returns CUBUF_ERROR_INVALID_ARGUMENT (out NULL),
+ *    CUBUF_ERROR_OUT_OF_RANGE, CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_NO_DEVICE,
+ *    CUBUF_ERROR_DRIVER, plus what its entry lists. Release the resource
+ *    with cubuf_resource_release.
+ */
+
 /**
- * Stream-ordered device memory (cuMemAllocFromPoolAsync) on device `ordinal`.
- * options NULL: the default pool, release threshold raised to keep memory
- * cached. Pool resources refuse a capturing stream with
- * CUBUF_ERROR_STREAM_CAPTURING (use the graph resource).
- * Returns CUBUF_ERROR_OUT_OF_RANGE (bad ordinal), CUBUF_ERROR_NOT_SUPPORTED
- * (no memory pools, or IPC not supported), CUBUF_ERROR_DRIVER.
+ * Stream-ordered device memory (cuMemAllocFromPoolAsync / cuMemFreeAsync) on
+ * device `ordinal`; device accessible, device_id `ordinal`.
+ * options NULL or private_pool false: the device's default pool, shared with
+ * everyone else in the process; its release threshold is raised to
+ * release_threshold (SIZE_MAX, the default, keeps all freed memory cached)
+ * and never lowered. private_pool true: a new pool, destroyed with the
+ * resource, with max_size (0: the driver's limit; an allocation beyond it
+ * returns CUBUF_ERROR_OUT_OF_MEMORY), the release threshold set to
+ * release_threshold, and POSIX-fd export when ipc_enabled.
+ * Allocation on a capturing stream returns CUBUF_ERROR_STREAM_CAPTURING and
+ * leaves the capture intact (use cubuf_graph_resource_create inside capture).
+ * Closing a buffer on a capturing stream fails with
+ * CUBUF_ERROR_STREAM_CAPTURING and leaves it open: a graph cannot free pool
+ * memory (the driver's refused free may invalidate that capture).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (options->struct_size too small;
+ * max_size or ipc_enabled without private_pool), CUBUF_ERROR_NOT_SUPPORTED
+ * (no memory pools on the device, or no POSIX-fd pool export for IPC).
  */
 CUBUF_API cubuf_status_t cubuf_device_resource_create(int ordinal,
                                                       const cubuf_device_resource_options_t *options,
                                                       cubuf_resource_t **out);
 
 /**
- * Pinned host memory from a host-located stream-ordered pool, with device
- * access granted to `ordinal` (so device copies run at full speed). Host and
- * device accessible; device_id -1. ipc_enabled makes the pool exportable.
+ * Pinned host memory from a host-located stream-ordered pool that the
+ * resource creates and destroys, with read-write device access granted to
+ * `ordinal` (cuMemPoolSetAccess; without the grant device copies are staged
+ * and run several times slower). Host and device accessible; device_id -1.
+ * Allocations are stream ordered like the device pool's: the host may touch
+ * the memory once the allocation has completed on its stream (synchronize
+ * it first), and the capture rules are the device pool's. The pool keeps
+ * freed memory cached (release threshold UINT64_MAX) until the resource goes.
+ * ipc_enabled makes the pool exportable as POSIX fds; the driver allows that
+ * only for a pool on a host NUMA node, so it is placed on the node closest
+ * to the device (node 0 where the system has no NUMA).
+ * Returns CUBUF_ERROR_NOT_SUPPORTED (no host memory pools on the device, or,
+ * with ipc_enabled, no host NUMA pools or no POSIX-fd export).
  */
 CUBUF_API cubuf_status_t cubuf_pinned_resource_create(int ordinal, bool ipc_enabled,
                                                       cubuf_resource_t **out);
 
 /**
- * Managed memory (cuMemAllocManaged, global attach). preferred_location:
- * a device ordinal, -1 for the host, or -2 for none. Allocations are
- * prefetched to the preferred location on the allocating stream when it is a
- * device. Host and device accessible, is_managed.
+ * Managed memory (cuMemAllocManaged, global attach), made in the context of
+ * the allocating stream. preferred_location: a device ordinal, -1 for the
+ * host, or -2 for none. For -1 or a device, each allocation is advised
+ * (CU_MEM_ADVISE_SET_PREFERRED_LOCATION); for a device it is also
+ * prefetched there on the allocating stream. Host and device accessible,
+ * is_managed, device_id `ordinal`. Allocation on a capturing stream returns
+ * CUBUF_ERROR_STREAM_CAPTURING. Closing synchronizes the deallocation stream,
+ * then cuMemFree; on a capturing stream (or the legacy stream while a
+ * capture depends on it) close returns CUBUF_ERROR_STREAM_CAPTURING and the
+ * buffer stays open.
+ * Returns CUBUF_ERROR_OUT_OF_RANGE (preferred_location below -2 or not a
+ * device), CUBUF_ERROR_NOT_SUPPORTED (no managed memory on `ordinal`, or a
+ * preferred device without concurrent managed access).
  */
 CUBUF_API cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location,
                                                        cubuf_resource_t **out);
 
 /**
- * Legacy pinned host memory (cuMemAllocHost, portable). Size 0 gives pointer 0
- * without a driver call. Deallocation synchronizes the deallocation stream
- * before cuMemFreeHost.
+ * Legacy pinned host memory (cuMemHostAlloc with CU_MEMHOSTALLOC_PORTABLE,
+ * made in the device's primary context): the host pointer is also the
+ * device address. Host and device accessible, device_id -1. Allocation is
+ * synchronous; size 0 gives pointer 0 without a driver call. Closing
+ * synchronizes the deallocation stream, then cuMemFreeHost, with the
+ * capture rule of the managed resource.
  */
 CUBUF_API cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out);
 
 /**
- * Synchronous device memory (cuMemAlloc / cuMemFree). Buffers from it can be
+ * Synchronous device memory (cuMemAlloc / cuMemFree in the device's primary
+ * context). Device accessible, device_id `ordinal`. Buffers from it can be
  * shared with legacy IPC handles (cuIpcGetMemHandle), as pyarrow does.
- * Deallocation synchronizes the deallocation stream before cuMemFree.
+ * Closing synchronizes the deallocation stream, then cuMemFree, with the
+ * capture rule of the managed resource.
  */
 CUBUF_API cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t **out);
 
 /**
- * Allocations inside stream capture (graph memory nodes): allocate succeeds
- * only on a capturing stream (else CUBUF_ERROR_INVALID_ARGUMENT), and
- * deallocation on a capturing stream adds a free node.
+ * Allocations inside stream capture (graph memory nodes, made from the
+ * device's default pool's properties). cubuf_resource_allocate succeeds only
+ * on a stream that is capturing; otherwise (including the legacy stream when
+ * only another stream captures, and an invalidated capture) it returns
+ * CUBUF_ERROR_INVALID_ARGUMENT, saying to use a pool resource. The pointer
+ * is valid while the graph runs, between the allocation node and the free.
+ * Closing on a capturing stream adds a free node; on any other stream it
+ * frees the graph allocation in stream order (after the graph has run).
+ * Device accessible, device_id `ordinal`.
+ * Returns CUBUF_ERROR_NOT_SUPPORTED (no memory pools on the device).
  */
 CUBUF_API cubuf_status_t cubuf_graph_resource_create(int ordinal, cubuf_resource_t **out);
 
@@ -564,12 +654,23 @@ CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t s
 
 /**
  * A new device buffer of `size` bytes (new_buffer), from the device's
- * default pool, ordered on the legacy default stream of the context. Counted
- * in bytes_allocated. Returns CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER.
+ * default pool (a device resource the context makes on first use and keeps
+ * until it is destroyed), allocated and later freed on the legacy default
+ * stream of the context: work the caller orders on another stream must be
+ * ordered against that stream. Size 0 gives an open buffer of size 0 with
+ * pointer 0. Counted in bytes_allocated until closed; the buffer keeps the
+ * context alive. The caller releases the buffer.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL), CUBUF_ERROR_OUT_OF_MEMORY,
+ * CUBUF_ERROR_NOT_SUPPORTED (no memory pools), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_new_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out);
 
-/** A new pinned host buffer (pyarrow's new_host_buffer), device accessible. Counted in bytes_allocated. */
+/**
+ * A new pinned host buffer (pyarrow's new_host_buffer) from a host-located
+ * pool with device access granted (cubuf_pinned_resource_create, made on
+ * first use): host and device accessible, device_id -1. Otherwise as
+ * cubuf_context_new_buffer, statuses included.
+ */
 CUBUF_API cubuf_status_t cubuf_context_new_host_buffer(cubuf_context_t *ctx, size_t size,
                                                        cubuf_buffer_t **out);
 
@@ -578,11 +679,19 @@ CUBUF_API cubuf_status_t cubuf_context_new_host_buffer(cubuf_context_t *ctx, siz
 
 /**
  * A new device buffer holding a copy of data[offset, offset+size)
- * (buffer_from_data); the copy has completed when the call returns.
- * `data` may be host memory (pageable or pinned) or device memory.
- * size CUBUF_SIZE_REST (-1) means data_size - offset.
- * Returns CUBUF_ERROR_OUT_OF_RANGE for a negative offset, an offset past
- * data_size, a negative size other than -1, or offset+size past data_size.
+ * (buffer_from_data), made as by cubuf_context_new_buffer; the copy has
+ * completed when the call returns (it runs on the context's legacy default
+ * stream, which is synchronized). `data` may be host memory (pageable or
+ * pinned), managed or device memory the context can reach.
+ * size CUBUF_SIZE_REST (-1) means data_size - offset. As in pyarrow, the
+ * offset must lie inside the data (offset < data_size), except that empty
+ * data accepts offset 0 (and gives an empty buffer).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL ctx or out, NULL data with a
+ * size); CUBUF_ERROR_OUT_OF_RANGE for a negative offset, an offset at or
+ * past data_size (data_size > 0) or above 0 (data_size 0), a negative size
+ * other than -1, or offset+size past data_size; what
+ * cubuf_context_new_buffer returns; CUBUF_ERROR_DRIVER for the copy (the
+ * new buffer is freed again).
  */
 CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, const void *data,
                                                         size_t data_size, int64_t offset, int64_t size,
@@ -591,9 +700,15 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, co
 /**
  * A view of [address, address+size) (foreign_buffer). address 0 with size 0
  * gives an empty buffer. `owner` (may be NULL) is released through
- * `release` when the view closes. The address may be host or device memory
- * reachable from the device after cubuf_context_device_address.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT for address 0 with a size.
+ * `release` (may be NULL) exactly once, when the view closes or its last
+ * reference goes (see cubuf_buffer_wrap_external); on failure release is
+ * not called and the caller keeps the owner. The address may be host or
+ * device memory reachable from the device after
+ * cubuf_context_device_address; it is described (device, accessibility)
+ * with the context current and not otherwise checked. Views do not count
+ * in bytes_allocated.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL ctx or out and for address 0
+ * with a size; CUBUF_ERROR_NO_DRIVER; CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr address,
                                                       size_t size, void *owner,
@@ -606,11 +721,18 @@ CUBUF_API cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUde
  * itemsize bytes, starting at the element of index 0 at `address`. The view
  * is the contiguous span that holds every element, gaps included: from the
  * lowest to the highest byte any element touches. A dimension of length 0
- * gives an empty view at `address`. ndim 0 is a scalar of itemsize bytes.
- * The memory must be device accessible (device, pinned or managed).
- * Returns CUBUF_ERROR_INVALID_ARGUMENT (ndim > 64, itemsize 0, NULL
- * arrays with ndim > 0, memory the device cannot reach), CUBUF_ERROR_OUT_OF_RANGE
- * (span overflow, or a span that starts below address 0).
+ * gives an empty view at `address` (nothing else is checked then). ndim 0
+ * is a scalar of itemsize bytes. A stride of 0 repeats an element. The
+ * memory must be device accessible (device, pinned or managed); the view
+ * keeps the address as given (for host memory registered with a separate
+ * device alias, translate it with cubuf_context_device_address first).
+ * `owner`/`release` as for cubuf_context_foreign_buffer.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL ctx or out, ndim < 0 or > 64,
+ * itemsize 0, NULL arrays with ndim > 0, a negative shape, address 0 with a
+ * non-empty array, memory the device cannot reach: pageable host memory),
+ * CUBUF_ERROR_OUT_OF_RANGE (the span's arithmetic overflows 64 bits, or the
+ * span starts at or below address 0 or passes the end of the address
+ * space), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
                                                            int ndim, const int64_t *shape,
@@ -621,8 +743,11 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx,
 /**
  * The device address of `address` in this context (get_device_address): a
  * device or managed pointer is returned as is, a pinned or mapped host
- * pointer gives its device alias. Pageable memory the driver does not know
- * gives CUBUF_ERROR_INVALID_ARGUMENT with a message saying so.
+ * pointer gives its device alias (CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+ * queried with the context current). Pageable memory the driver does not
+ * know gives CUBUF_ERROR_INVALID_ARGUMENT with a message saying so; NULL
+ * arguments give CUBUF_ERROR_INVALID_ARGUMENT; other driver failures
+ * CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, const void *address,
                                                       CUdeviceptr *device_address);

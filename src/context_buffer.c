@@ -1,2 +1,273 @@
-/* (filled by its issue) */
+/* The buffer half of pyarrow.cuda.Context: new_buffer, new_host_buffer,
+ * buffer_from_data, foreign_buffer, buffer_from_object (strided views) and
+ * get_device_address. */
+#include <limits.h>
+
 #include "internal.h"
+
+/* ---- the context's lazily made pools ---------------------------------------- */
+
+typedef cubuf_status_t (*make_pool_fn)(const cubuf_context_t *ctx, cubuf_resource_t **out);
+
+static cubuf_status_t make_device_pool(const cubuf_context_t *ctx, cubuf_resource_t **out)
+{
+    return cubuf_device_resource_create(ctx->ordinal, NULL, out);
+}
+
+static cubuf_status_t make_host_pool(const cubuf_context_t *ctx, cubuf_resource_t **out)
+{
+    return cubuf_pinned_resource_create(ctx->ordinal, false, out);
+}
+
+/* The resource in *slot, made on first use. Two threads may both make one;
+ * the loser releases its own and uses the winner's. Not a new reference:
+ * the context holds it until it is destroyed. */
+static cubuf_status_t context_pool(cubuf_context_t *ctx, atomic_uintptr_t *slot, make_pool_fn make,
+                                   cubuf_resource_t **out)
+{
+    uintptr_t cur = atomic_load_explicit(slot, memory_order_acquire);
+    if (cur) {
+        *out = (cubuf_resource_t *)cur;
+        return CUBUF_SUCCESS;
+    }
+    cubuf_resource_t *mine = NULL;
+    cubuf_status_t st = make(ctx, &mine);
+    if (st != CUBUF_SUCCESS) return st;
+    if (atomic_compare_exchange_strong_explicit(slot, &cur, (uintptr_t)mine, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+        *out = mine;
+    } else {
+        cubuf_resource_release(mine);
+        *out = (cubuf_resource_t *)cur;
+    }
+    return CUBUF_SUCCESS;
+}
+
+/* Allocates from one of the context's pools, ordered on the context's legacy
+ * default stream, and counts the buffer in ctx->bytes_allocated. */
+static cubuf_status_t context_allocate(cubuf_context_t *ctx, atomic_uintptr_t *slot, make_pool_fn make,
+                                       size_t size, cubuf_buffer_t **out)
+{
+    cubuf_resource_t *res = NULL;
+    cubuf_status_t st = context_pool(ctx, slot, make, &res);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    /* Pushed, so the legacy stream is recorded as this context's. */
+    cubuf_buffer_t *buf = NULL;
+    st = cubuf_resource_allocate(res, size, CU_STREAM_LEGACY, &buf);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf__buffer_count_in(buf, ctx);
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_context_new_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out)
+{
+    CHECK_ARG(ctx && out, "cubuf_context_new_buffer: NULL argument");
+    return context_allocate(ctx, &ctx->device_pool, make_device_pool, size, out);
+}
+
+cubuf_status_t cubuf_context_new_host_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out)
+{
+    CHECK_ARG(ctx && out, "cubuf_context_new_host_buffer: NULL argument");
+    return context_allocate(ctx, &ctx->host_pool, make_host_pool, size, out);
+}
+
+/* ---- buffer_from_data ----------------------------------------------------- */
+
+/* pyarrow's rules: offset in [0, data_size) (0 allowed for empty data), size
+ * -1 for the rest, else offset+size within the data. */
+static cubuf_status_t data_range(size_t data_size, int64_t offset, int64_t size, size_t *n)
+{
+    static const char what[] = "cubuf_context_buffer_from_data";
+    if (offset < 0 || (data_size > 0 && (uint64_t)offset >= data_size) ||
+        (data_size == 0 && offset > 0))
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "%s: offset %lld is out of range for %zu bytes of data", what,
+                           (long long)offset, data_size);
+    size_t rest = data_size - (size_t)offset;
+    if (size == CUBUF_SIZE_REST) {
+        *n = rest;
+        return CUBUF_SUCCESS;
+    }
+    if (size < 0)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "%s: size %lld is negative (only -1, the rest of the data, is allowed)",
+                           what, (long long)size);
+    if ((uint64_t)size > rest)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "%s: offset %lld + size %lld is past the end of %zu bytes of data", what,
+                           (long long)offset, (long long)size, data_size);
+    *n = (size_t)size;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, const void *data,
+                                              size_t data_size, int64_t offset, int64_t size,
+                                              cubuf_buffer_t **out)
+{
+    CHECK_ARG(ctx && out, "cubuf_context_buffer_from_data: NULL argument");
+    CHECK_ARG(data || data_size == 0, "cubuf_context_buffer_from_data: data is NULL with %zu bytes",
+              data_size);
+    size_t n = 0;
+    cubuf_status_t st = data_range(data_size, offset, size, &n);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_buffer_t *buf = NULL;
+    if ((st = cubuf_context_new_buffer(ctx, n, &buf)) != CUBUF_SUCCESS) return st;
+    if (n == 0) goto done;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(ctx->handle, &g)) != CUBUF_SUCCESS) goto fail;
+    /* With unified addressing the driver tells pageable, pinned and device
+     * sources apart by itself. The legacy stream is the one the buffer was
+     * allocated on, and synchronizing it completes the copy. */
+    CUdeviceptr src = (CUdeviceptr)(uintptr_t)data + (CUdeviceptr)offset;
+    st = CU(cuMemcpyAsync, buf->ptr, src, n, CU_STREAM_LEGACY);
+    if (st == CUBUF_SUCCESS) st = CU(cuStreamSynchronize, CU_STREAM_LEGACY);
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("cubuf_context_buffer_from_data of %zu bytes", n);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) goto fail;
+done:
+    *out = buf;
+    return CUBUF_SUCCESS;
+fail:
+    cubuf_buffer_release(buf);
+    return st;
+}
+
+/* ---- views --------------------------------------------------------------- */
+
+/* A view with an owner, made with ctx current so that the pointer is
+ * described in it. On failure the owner is not released. */
+static cubuf_status_t context_view(cubuf_context_t *ctx, CUdeviceptr ptr, size_t size,
+                                   bool need_device_access, void *owner,
+                                   cubuf_owner_release_fn release, const char *what,
+                                   cubuf_buffer_t **out)
+{
+    cubuf_buffer_t *buf = NULL;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    cubuf_ctx_guard_t g = {false};
+    if (ptr && (st = cubuf__driver_load()) == CUBUF_SUCCESS) st = cubuf__ctx_push(ctx->handle, &g);
+    if (st != CUBUF_SUCCESS) return st;
+    st = cubuf_buffer_view(ptr, size, &buf);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) return st;
+    if (need_device_access && size && !cubuf_buffer_is_device_accessible(buf)) {
+        cubuf_buffer_release(buf);
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: memory at 0x%llx is pageable host memory the device cannot reach; "
+                           "use device, pinned (cuMemHostAlloc / cuMemHostRegister) or managed "
+                           "memory", what, (unsigned long long)ptr);
+    }
+    buf->owner = owner;
+    buf->owner_release = release;
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr address, size_t size,
+                                            void *owner, cubuf_owner_release_fn release,
+                                            cubuf_buffer_t **out)
+{
+    static const char what[] = "cubuf_context_foreign_buffer";
+    CHECK_ARG(ctx && out, "%s: NULL argument", what);
+    CHECK_ARG(address || !size, "%s: address 0 with size %zu", what, size);
+    return context_view(ctx, address, size, false, owner, release, what, out);
+}
+
+/* ---- strided views (buffer_from_object) ------------------------------------- */
+
+#define CUBUF_MAX_NDIM 64
+
+/* The byte span of a strided array relative to the address of its element of
+ * index 0: [lo, lo + len), lo <= 0. Every element i covers
+ * [sum_k i_k * strides[k], ... + itemsize); the extremes are reached at the
+ * corners, where each index is 0 or shape[k]-1 depending on the sign of the
+ * stride. *len is 0 when a dimension has length 0. Pure arithmetic, every
+ * step overflow-checked. Shapes must already be known non-negative. */
+static cubuf_status_t strided_span(int ndim, const int64_t *shape, const int64_t *strides,
+                                   size_t itemsize, int64_t *lo, uint64_t *len)
+{
+    *lo = 0;
+    *len = 0;
+    for (int k = 0; k < ndim; k++)
+        if (shape[k] == 0) return CUBUF_SUCCESS;
+    int64_t low = 0, high = 0; /* offsets of the first and the last element */
+    for (int k = 0; k < ndim; k++) {
+        int64_t extent;
+        if (__builtin_mul_overflow(shape[k] - 1, strides[k], &extent)) goto overflow;
+        if (extent < 0 ? __builtin_add_overflow(low, extent, &low)
+                       : __builtin_add_overflow(high, extent, &high))
+            goto overflow;
+    }
+    /* high - low <= 2^64 - 2 fits in uint64; adding the item may not. */
+    uint64_t width = (uint64_t)high + (0 - (uint64_t)low);
+    uint64_t total;
+    if (__builtin_add_overflow(width, (uint64_t)itemsize, &total)) goto overflow;
+    *lo = low;
+    *len = total;
+    return CUBUF_SUCCESS;
+overflow:
+    return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                       "cubuf_context_buffer_from_strided: the span of the array overflows 64 bits");
+}
+
+cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
+                                                 int ndim, const int64_t *shape,
+                                                 const int64_t *strides, size_t itemsize,
+                                                 void *owner, cubuf_owner_release_fn release,
+                                                 cubuf_buffer_t **out)
+{
+    static const char what[] = "cubuf_context_buffer_from_strided";
+    CHECK_ARG(ctx && out, "%s: NULL argument", what);
+    CHECK_ARG(ndim >= 0 && ndim <= CUBUF_MAX_NDIM, "%s: ndim %d is outside [0, %d]", what, ndim,
+              CUBUF_MAX_NDIM);
+    CHECK_ARG(ndim == 0 || (shape && strides), "%s: shape or strides is NULL with ndim %d", what,
+              ndim);
+    CHECK_ARG(itemsize > 0, "%s: itemsize is 0", what);
+    for (int k = 0; k < ndim; k++)
+        CHECK_ARG(shape[k] >= 0, "%s: shape[%d] is negative (%lld)", what, k, (long long)shape[k]);
+    int64_t lo = 0;
+    uint64_t len = 0;
+    cubuf_status_t st = strided_span(ndim, shape, strides, itemsize, &lo, &len);
+    if (st != CUBUF_SUCCESS) return st;
+    if (len == 0) return context_view(ctx, address, 0, false, owner, release, what, out);
+    CHECK_ARG(address != 0, "%s: address 0 with a non-empty array", what);
+    uint64_t below = 0 - (uint64_t)lo; /* how far the span reaches below address */
+    if (below >= address)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "%s: the span starts %llu bytes below address 0x%llx, at or below 0",
+                           what, (unsigned long long)below, (unsigned long long)address);
+    CUdeviceptr start = address - below;
+    if (len > UINT64_MAX - start)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "%s: the span of %llu bytes from 0x%llx passes the end of the address "
+                           "space", what, (unsigned long long)len, (unsigned long long)start);
+    return context_view(ctx, start, (size_t)len, true, owner, release, what, out);
+}
+
+/* ---- get_device_address -------------------------------------------------- */
+
+cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, const void *address,
+                                            CUdeviceptr *device_address)
+{
+    static const char what[] = "cubuf_context_device_address";
+    CHECK_ARG(ctx && address && device_address, "%s: NULL argument", what);
+    cubuf_status_t st = cubuf__driver_load();
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    CUdeviceptr d = 0;
+    CUresult r = CU_CALL(cuPointerGetAttribute, &d, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                         (CUdeviceptr)(uintptr_t)address);
+    cubuf__ctx_pop(&g);
+    if (r == CUDA_ERROR_INVALID_VALUE)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: %p is pageable host memory (not device, managed, pinned or "
+                           "registered memory); kernels in this context cannot reach it", what,
+                           address);
+    if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttribute");
+    *device_address = d;
+    return CUBUF_SUCCESS;
+}

@@ -1,2 +1,411 @@
-/* (filled by its issue) */
+/* Copies and fills of buffers (Buffer.copy_to / copy_from / fill) and
+ * batches of raw copies.
+ *
+ * The calls without options are hot paths: they cost the raw cuMemcpyAsync
+ * or cuMemsetD*Async plus, when the buffer belongs to a context, one
+ * cuCtxGetCurrent (cubuf__ctx_push skips the push when that context is
+ * already current). Everything else on them is plain C on the buffer
+ * structs: no capture query, no allocation, no other driver call. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "internal.h"
+
+CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf)
+{
+    /* A slice owns nothing itself: its memory is its parent's. */
+    for (const cubuf_buffer_t *b = buf; b; b = b->parent) {
+        if (b->resource && b->resource->ctx) return b->resource->ctx->handle;
+        if (b->ctx) return b->ctx->handle;
+    }
+    return NULL;
+}
+
+/* Runs in dst's context, else src's, else the caller's current one. */
+static CUcontext copy_ctx(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
+{
+    CUcontext c = cubuf__buffer_exec_ctx(dst);
+    return c ? c : cubuf__buffer_exec_ctx(src);
+}
+
+static cubuf_status_t push_if(CUcontext ctx, cubuf_ctx_guard_t *g)
+{
+    g->pushed = false;
+    return ctx ? cubuf__ctx_push(ctx, g) : CUBUF_SUCCESS;
+}
+
+/* ---- copy options ---------------------------------------------------------- */
+
+static bool is_legacy_stream(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
+
+static cubuf_status_t check_location(cubuf_location_hint_t kind, int id, const char *which,
+                                     const char *what)
+{
+    switch (kind) {
+    case CUBUF_LOCATION_NONE:
+    case CUBUF_LOCATION_HOST: return CUBUF_SUCCESS;
+    case CUBUF_LOCATION_DEVICE:
+    case CUBUF_LOCATION_HOST_NUMA:
+        if (id >= 0) return CUBUF_SUCCESS;
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: options %s location id %d is negative",
+                           what, which, id);
+    }
+    return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: options %s location %d is not a "
+                       "cubuf_location_hint_t", what, which, (int)kind);
+}
+
+/* The checks that need no driver: the struct, its enums, the stream kind. */
+static cubuf_status_t check_options(const cubuf_copy_options_t *o, CUstream stream, const char *what)
+{
+    if (o->struct_size < sizeof *o)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: options->struct_size is %zu, expected %zu; initialize with "
+                           "CUBUF_COPY_OPTIONS_INIT", what, o->struct_size, sizeof *o);
+    if (o->src_access_order != CUBUF_SRC_ACCESS_STREAM &&
+        o->src_access_order != CUBUF_SRC_ACCESS_DURING_API_CALL &&
+        o->src_access_order != CUBUF_SRC_ACCESS_ANY)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: options->src_access_order %d is not a cubuf_src_access_order_t",
+                           what, (int)o->src_access_order);
+    cubuf_status_t st = check_location(o->src_location, o->src_location_id, "source", what);
+    if (st == CUBUF_SUCCESS)
+        st = check_location(o->dst_location, o->dst_location_id, "destination", what);
+    if (st != CUBUF_SUCCESS) return st;
+    /* cuMemcpyBatchAsync rejects the legacy stream outright; the per-thread
+     * default stream is accepted, so point the caller there. */
+    if (is_legacy_stream(stream))
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: copy options are not accepted with the legacy default stream; "
+                           "use CU_STREAM_PER_THREAD or a created stream", what);
+    return CUBUF_SUCCESS;
+}
+
+/* A graph cannot hold the attributes, so options and capture do not mix.
+ * Runs with the copy's context already current. */
+static cubuf_status_t refuse_capture_with_options(CUstream stream, const char *what)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cubuf_status_t st = cubuf__stream_capture_status(stream, NULL, &cs);
+    if (st != CUBUF_SUCCESS) return st;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: copy options are not accepted on a capturing stream (a graph "
+                           "cannot represent them); pass NULL options there", what);
+    return CUBUF_SUCCESS;
+}
+
+static CUmemLocation to_location(cubuf_location_hint_t kind, int id)
+{
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_INVALID, 0};
+    switch (kind) {
+    case CUBUF_LOCATION_NONE: break;
+    case CUBUF_LOCATION_DEVICE:
+        loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        loc.id = id;
+        break;
+    case CUBUF_LOCATION_HOST: loc.type = CU_MEM_LOCATION_TYPE_HOST; break;
+    case CUBUF_LOCATION_HOST_NUMA:
+        loc.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        loc.id = id;
+        break;
+    }
+    return loc;
+}
+
+static CUmemcpyAttributes to_attributes(const cubuf_copy_options_t *o)
+{
+    CUmemcpyAttributes a;
+    memset(&a, 0, sizeof a);
+    switch (o->src_access_order) {
+    case CUBUF_SRC_ACCESS_STREAM: a.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM; break;
+    case CUBUF_SRC_ACCESS_DURING_API_CALL:
+        a.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+        break;
+    case CUBUF_SRC_ACCESS_ANY: a.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_ANY; break;
+    }
+    a.srcLocHint = to_location(o->src_location, o->src_location_id);
+    a.dstLocHint = to_location(o->dst_location, o->dst_location_id);
+    a.flags = o->prefer_overlap_with_compute ? CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+                                             : CU_MEMCPY_FLAG_DEFAULT;
+    return a;
+}
+
+static cubuf_status_t no_attributed_copy(const char *what)
+{
+    return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                       "%s: src_access_order DURING_API_CALL needs the driver's attributed copy "
+                       "(cuMemcpyBatchAsync), which this driver lacks; a plain copy cannot "
+                       "honour it", what);
+}
+
+/* One copy with options; the copy's context is current. */
+static cubuf_status_t copy_with_options(CUdeviceptr dst, CUdeviceptr src, size_t size,
+                                        CUstream stream, const cubuf_copy_options_t *o,
+                                        const char *what)
+{
+    cubuf_status_t st = refuse_capture_with_options(stream, what);
+    if (st != CUBUF_SUCCESS) return st;
+    if (!cubuf__drv.cuMemcpyBatchAsync) {
+        if (o->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL) return no_attributed_copy(what);
+        /* STREAM is what a plain copy does; ANY only relaxes it. */
+        st = CU(cuMemcpyAsync, dst, src, size, stream);
+    } else {
+        CUmemcpyAttributes attr = to_attributes(o);
+        size_t first = 0;
+        st = CU(cuMemcpyBatchAsync, &dst, &src, &size, 1, &attr, &first, 1, stream);
+    }
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
+    return st;
+}
+
+/* ---- buffer copies --------------------------------------------------------- */
+
+cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
+                                      CUstream stream, const cubuf_copy_options_t *options)
+{
+    static const char what[] = "cubuf_buffer_copy_from";
+    CHECK_ARG(dst && src, "%s: NULL buffer", what);
+    if (dst->closed || src->closed)
+        return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the %s buffer is closed", what,
+                           dst->closed ? "destination" : "source");
+    if (dst->size != src->size)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: sizes differ (destination %zu bytes, source %zu bytes)", what,
+                           dst->size, src->size);
+    cubuf_status_t st;
+    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) return st;
+    size_t size = src->size;
+    if (size == 0) return CUBUF_SUCCESS;
+    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = push_if(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
+    if (!options) {
+        st = CU(cuMemcpyAsync, dst->ptr, src->ptr, size, stream);
+        if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
+    } else {
+        st = copy_with_options(dst->ptr, src->ptr, size, stream, options, what);
+    }
+    cubuf__ctx_pop(&g);
+    return st;
+}
+
+cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **dst,
+                                    CUstream stream, const cubuf_copy_options_t *options)
+{
+    static const char what[] = "cubuf_buffer_copy_to";
+    CHECK_ARG(src && dst, "%s: NULL argument", what);
+    if (*dst) return cubuf_buffer_copy_from(*dst, src, stream, options);
+    cubuf_status_t st = cubuf__buffer_check_open(src, what);
+    if (st != CUBUF_SUCCESS) return st;
+    if (!src->resource)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: no destination was given and the source has no memory resource "
+                           "to allocate one from", what);
+    /* Refuse bad options before allocating anything. */
+    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) return st;
+    cubuf_buffer_t *out = NULL;
+    if ((st = cubuf_resource_allocate(src->resource, src->size, stream, &out)) != CUBUF_SUCCESS)
+        return st;
+    if (src->ctx) cubuf__buffer_count_in(out, src->ctx);
+    if ((st = cubuf_buffer_copy_from(out, src, stream, options)) != CUBUF_SUCCESS) {
+        /* Freed on `stream`, after whatever part of the copy was enqueued. */
+        cubuf_buffer_release(out);
+        return st;
+    }
+    *dst = out;
+    return CUBUF_SUCCESS;
+}
+
+/* ---- batches --------------------------------------------------------------- */
+
+/* The non-empty copies of a batch in the three arrays cuMemcpyBatchAsync takes. */
+typedef struct batch_arrays {
+    CUdeviceptr *dsts, *srcs;
+    size_t *sizes;
+    size_t n;
+    CUdeviceptr small_dsts[8], small_srcs[8];
+    size_t small_sizes[8];
+} batch_arrays_t;
+
+static cubuf_status_t batch_arrays_fill(batch_arrays_t *b, const cubuf_copy_t *copies, size_t count,
+                                        size_t nonempty)
+{
+    b->n = 0;
+    if (nonempty <= sizeof b->small_sizes / sizeof b->small_sizes[0]) {
+        b->dsts = b->small_dsts;
+        b->srcs = b->small_srcs;
+        b->sizes = b->small_sizes;
+    } else {
+        b->dsts = malloc(nonempty * sizeof *b->dsts);
+        b->srcs = malloc(nonempty * sizeof *b->srcs);
+        b->sizes = malloc(nonempty * sizeof *b->sizes);
+        if (!b->dsts || !b->srcs || !b->sizes) {
+            free(b->dsts);
+            free(b->srcs);
+            free(b->sizes);
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
+                               "cubuf_copy_batch: cannot allocate the arrays for %zu copies",
+                               nonempty);
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!copies[i].size) continue;
+        b->dsts[b->n] = copies[i].dst;
+        b->srcs[b->n] = copies[i].src;
+        b->sizes[b->n] = copies[i].size;
+        b->n++;
+    }
+    return CUBUF_SUCCESS;
+}
+
+static void batch_arrays_free(batch_arrays_t *b)
+{
+    if (b->sizes == b->small_sizes) return;
+    free(b->dsts);
+    free(b->srcs);
+    free(b->sizes);
+}
+
+/* One cuMemcpyAsync per copy; on failure *failed is the copy's index. */
+static cubuf_status_t batch_plain(const cubuf_copy_t *copies, size_t count, CUstream stream,
+                                  size_t *failed)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (!copies[i].size) continue;
+        cubuf_status_t st = CU(cuMemcpyAsync, copies[i].dst, copies[i].src, copies[i].size, stream);
+        if (st != CUBUF_SUCCESS) {
+            cubuf__detail_append("cubuf_copy_batch: copy %zu of %zu bytes", i, copies[i].size);
+            *failed = i;
+            return st;
+        }
+    }
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t batch_driver(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                                   CUstream stream, const cubuf_copy_options_t *options)
+{
+    static const cubuf_copy_options_t defaults = CUBUF_COPY_OPTIONS_INIT;
+    batch_arrays_t b;
+    cubuf_status_t st = batch_arrays_fill(&b, copies, count, nonempty);
+    if (st != CUBUF_SUCCESS) return st;
+    CUmemcpyAttributes attr = to_attributes(options ? options : &defaults);
+    size_t first = 0;
+    st = CU(cuMemcpyBatchAsync, b.dsts, b.srcs, b.sizes, b.n, &attr, &first, 1, stream);
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("cubuf_copy_batch of %zu copies", b.n);
+    batch_arrays_free(&b);
+    return st;
+}
+
+/* Whether a batch without options can go to cuMemcpyBatchAsync: not on the
+ * legacy stream (refused by the driver), and not while capturing (13.0
+ * drivers cannot capture it; plain copies can be captured). */
+static cubuf_status_t batch_can_use_driver(CUstream stream, bool *use)
+{
+    *use = false;
+    if (!cubuf__drv.cuMemcpyBatchAsync || is_legacy_stream(stream)) return CUBUF_SUCCESS;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cubuf_status_t st = cubuf__stream_capture_status(stream, NULL, &cs);
+    if (st == CUBUF_SUCCESS) *use = cs == CU_STREAM_CAPTURE_STATUS_NONE;
+    return st;
+}
+
+cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
+                                const cubuf_copy_options_t *options, size_t *failed_index)
+{
+    static const char what[] = "cubuf_copy_batch";
+    size_t failed = count;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    size_t nonempty = 0;
+    if (count == 0) goto done;
+    if (!copies) {
+        st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: copies is NULL", what);
+        goto done;
+    }
+    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) goto done;
+    for (size_t i = 0; i < count; i++) {
+        if (!copies[i].size) continue;
+        if (!copies[i].dst || !copies[i].src) {
+            failed = i;
+            st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: copy %zu has a %s address 0 with "
+                             "size %zu", what, i, copies[i].dst ? "source" : "destination",
+                             copies[i].size);
+            goto done;
+        }
+        nonempty++;
+    }
+    if (nonempty == 0) goto done;
+    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) goto done;
+    if (options) {
+        if ((st = refuse_capture_with_options(stream, what)) != CUBUF_SUCCESS) goto done;
+        if (cubuf__drv.cuMemcpyBatchAsync) {
+            st = batch_driver(copies, count, nonempty, stream, options);
+        } else if (options->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL) {
+            st = no_attributed_copy(what);
+        } else {
+            st = batch_plain(copies, count, stream, &failed);
+        }
+        goto done;
+    }
+    /* A lone copy gains nothing from the batch entry point. */
+    bool use_driver = false;
+    if (nonempty > 1 && (st = batch_can_use_driver(stream, &use_driver)) != CUBUF_SUCCESS) goto done;
+    st = use_driver ? batch_driver(copies, count, nonempty, stream, NULL)
+                    : batch_plain(copies, count, stream, &failed);
+done:
+    if (st != CUBUF_SUCCESS && failed_index) *failed_index = failed;
+    return st;
+}
+
+/* ---- fills ----------------------------------------------------------------- */
+
+cubuf_status_t cubuf_buffer_fill(cubuf_buffer_t *buf, const void *pattern, size_t pattern_size,
+                                 CUstream stream)
+{
+    static const char what[] = "cubuf_buffer_fill";
+    CHECK_ARG(buf && pattern, "%s: NULL argument", what);
+    CHECK_ARG(pattern_size == 1 || pattern_size == 2 || pattern_size == 4,
+              "%s: the pattern is %zu bytes; it must be 1, 2 or 4", what, pattern_size);
+    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
+    if (st != CUBUF_SUCCESS) return st;
+    size_t size = buf->size;
+    CHECK_ARG(size % pattern_size == 0,
+              "%s: the buffer size %zu is not a multiple of the %zu-byte pattern", what, size,
+              pattern_size);
+    if (size == 0) return CUBUF_SUCCESS;
+    /* cuMemsetD16/D32 need an aligned address (a slice may not have one). */
+    CHECK_ARG(buf->ptr % pattern_size == 0,
+              "%s: address 0x%llx is not aligned to the %zu-byte pattern", what,
+              (unsigned long long)buf->ptr, pattern_size);
+    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = push_if(cubuf__buffer_exec_ctx(buf), &g)) != CUBUF_SUCCESS) return st;
+    /* The pattern's bytes are copied as they lie in memory, so the device
+     * (little-endian, like every host CUDA runs on) repeats them in order. */
+    if (pattern_size == 1) {
+        unsigned char v;
+        memcpy(&v, pattern, 1);
+        st = CU(cuMemsetD8Async, buf->ptr, v, size, stream);
+    } else if (pattern_size == 2) {
+        unsigned short v;
+        memcpy(&v, pattern, 2);
+        st = CU(cuMemsetD16Async, buf->ptr, v, size / 2, stream);
+    } else {
+        unsigned int v;
+        memcpy(&v, pattern, 4);
+        st = CU(cuMemsetD32Async, buf->ptr, v, size / 4, stream);
+    }
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
+    cubuf__ctx_pop(&g);
+    return st;
+}
+
+cubuf_status_t cubuf_buffer_fill_byte(cubuf_buffer_t *buf, long long value, CUstream stream)
+{
+    CHECK_ARG(buf, "cubuf_buffer_fill_byte: buf is NULL");
+    if (value < 0 || value > 255)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "cubuf_buffer_fill_byte: value %lld is outside [0, 256)", value);
+    unsigned char v = (unsigned char)value;
+    return cubuf_buffer_fill(buf, &v, 1, stream);
+}
