@@ -253,8 +253,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_b
  * closing it deallocates through the resource, ordered on the recorded
  * deallocation stream `stream` (see cubuf_buffer_set_deallocation_stream for
  * how default streams are recorded). The buffer retains the resource.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_DRIVER (recording a
- * default stream needs a context: the current one or the resource's device's).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL arguments, pointer 0 with a
+ * size, or a default stream that cannot be bound (it needs a context: the
+ * current one or the resource's device's); CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t *resource,
                                            CUstream stream, cubuf_buffer_t **out);
@@ -314,8 +315,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream str
  * later close from any thread runs it in the right context. The per-thread
  * default stream is a different stream on each thread: pass a created
  * stream if the buffer may be closed from another thread.
- * Returns CUBUF_ERROR_CLOSED for a closed buffer, CUBUF_ERROR_DRIVER when a
- * default stream cannot be bound (no current context and no device).
+ * Returns CUBUF_ERROR_CLOSED for a closed buffer, CUBUF_ERROR_INVALID_ARGUMENT
+ * when a default stream cannot be bound (no current context and the memory
+ * belongs to no device), CUBUF_ERROR_DRIVER.
  * Thread-safety: must not race with close of the same buffer.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream);
@@ -745,7 +747,9 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx,
  * device or managed pointer is returned as is, a pinned or mapped host
  * pointer gives its device alias (CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
  * queried with the context current). Pageable memory the driver does not
- * know gives CUBUF_ERROR_INVALID_ARGUMENT with a message saying so; NULL
+ * know gives CUBUF_ERROR_INVALID_ARGUMENT with a message saying so, even
+ * where the device could reach it through HMM (as cubuf_buffer_view calls it
+ * host-only); so does pinned memory with no alias in this context. NULL
  * arguments give CUBUF_ERROR_INVALID_ARGUMENT; other driver failures
  * CUBUF_ERROR_DRIVER.
  */

@@ -154,7 +154,7 @@ cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t 
     buf->size = size;
     buf->device_id = parent->device_id;
     buf->flags = parent->flags;
-    buf->parent = cubuf_buffer_retain(parent);
+    buf->parent = cubuf_buffer_retain(parent->parent ? parent->parent : parent); /* the memory's owner: closing a middle slice must not free it */
     *out = buf;
     return CUBUF_SUCCESS;
 }

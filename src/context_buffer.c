@@ -258,16 +258,26 @@ cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, const void *ad
     if (st != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
     if ((st = cubuf__ctx_push(ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    /* The plural query reports memory the driver does not know as type 0
+     * instead of failing, the same test cubuf_buffer_view uses, so pageable
+     * memory reads as pageable even where the device could reach it (HMM). */
+    unsigned int type = 0;
     CUdeviceptr d = 0;
-    CUresult r = CU_CALL(cuPointerGetAttribute, &d, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-                         (CUdeviceptr)(uintptr_t)address);
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+    void *data[] = {&type, &d};
+    CUresult r = CU_CALL(cuPointerGetAttributes, 2, attrs, data, (CUdeviceptr)(uintptr_t)address);
     cubuf__ctx_pop(&g);
-    if (r == CUDA_ERROR_INVALID_VALUE)
+    if (r == CUDA_SUCCESS && type == 0)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: %p is pageable host memory (not device, managed, pinned or "
                            "registered memory); kernels in this context cannot reach it", what,
                            address);
-    if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttribute");
+    if (r == CUDA_ERROR_INVALID_VALUE || (r == CUDA_SUCCESS && d == 0))
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: %p has no device address in this context (pinned or registered "
+                           "in another context without CU_MEMHOSTALLOC_PORTABLE?)", what, address);
+    if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttributes");
     *device_address = d;
     return CUBUF_SUCCESS;
 }

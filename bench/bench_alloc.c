@@ -1,0 +1,242 @@
+/* Allocate + free per resource, cubuf against the raw driver call that the
+ * resource is built on, at 4 KiB, 64 KiB and 1 MiB. Target: <= 1.05x raw.
+ *
+ * One operation is an allocation followed by its free. The stream is
+ * synchronized before the first and after the last operation of a batch,
+ * so stream-ordered frees are complete when the clock is read, on both
+ * sides. After each row the resource's statistics must be back at zero
+ * (a leak is reported as an error). */
+#include "bench_common.h"
+
+typedef struct alloc_arg {
+    size_t size;
+    CUstream stream;
+    cubuf_resource_t *res;  /* cubuf side */
+    cubuf_context_t *ctx;   /* cubuf side of the new_buffer case */
+    CUmemoryPool pool;      /* raw side of the pool cases */
+} alloc_arg_t;
+
+/* ---- raw sides ---- */
+
+static void raw_pool(void *p)
+{
+    alloc_arg_t *a = p;
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    B_CU(cuMemFreeAsync, d, a->stream);
+}
+
+static void raw_mem_alloc(void *p)
+{
+    alloc_arg_t *a = p;
+    CUdeviceptr d = 0;
+    B_CU(cuMemAlloc, &d, a->size);
+    B_CU(cuMemFree, d);
+}
+
+/* The legacy pinned resource calls cuMemHostAlloc(PORTABLE). */
+static void raw_host_alloc(void *p)
+{
+    alloc_arg_t *a = p;
+    void *h = NULL;
+    B_CU(cuMemHostAlloc, &h, a->size, CU_MEMHOSTALLOC_PORTABLE);
+    B_CU(cuMemFreeHost, h);
+}
+
+/* No advice and no prefetch: the resource is made with preferred location -2. */
+static void raw_managed(void *p)
+{
+    alloc_arg_t *a = p;
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocManaged, &d, a->size, CU_MEM_ATTACH_GLOBAL);
+    B_CU(cuMemFree, d);
+}
+
+/* ---- cubuf sides ---- */
+
+static void lib_resource(void *p)
+{
+    alloc_arg_t *a = p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf_resource_allocate(a->res, a->size, a->stream, &b));
+    B_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+}
+
+static void lib_new_buffer(void *p)
+{
+    alloc_arg_t *a = p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf_context_new_buffer(a->ctx, a->size, &b));
+    B_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+}
+
+/* ---- setup ---- */
+
+static void raise_release_threshold(CUmemoryPool pool)
+{
+    cuuint64_t keep_all = UINT64_MAX;
+    B_CU(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+}
+
+/* A pool of pinned host memory like the pinned resource's: release
+ * threshold raised and device access granted (without the grant, copies
+ * from it crawl; the allocation cost is what is measured here). */
+static CUmemoryPool make_host_pool(const bench_env_t *env)
+{
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    props.location.id = 0;
+    CUmemoryPool pool = NULL;
+    CUresult r = cubuf__drv.cuMemPoolCreate(&pool, &props);
+    if (r != CUDA_SUCCESS) {
+        /* Drivers that know only NUMA-placed host pools. */
+        props.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        B_CU(cuMemPoolCreate, &pool, &props);
+    }
+    raise_release_threshold(pool);
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = (int)env->dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    B_CU(cuMemPoolSetAccess, pool, &access, 1);
+    return pool;
+}
+
+typedef struct alloc_row {
+    const char *name;
+    bench_op_fn raw, lib;
+    cubuf_resource_t *res; /* NULL for new_buffer */
+    CUmemoryPool pool;
+    CUstream stream;
+} alloc_row_t;
+
+/* Creates a cubuf resource, or reports why the row is skipped. */
+static cubuf_resource_t *made(cubuf_status_t st, cubuf_resource_t *res, const char *what)
+{
+    if (st == CUBUF_SUCCESS) return res;
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        bench_note("%s skipped: %s", what, cubuf_last_error());
+        return NULL;
+    }
+    bench_die_st(what, st, __FILE__, __LINE__);
+    return NULL;
+}
+
+/* Leak check after a row: the resource (or the context) is back at zero,
+ * and cubuf did allocate. */
+static void check_row(bench_env_t *env, const alloc_row_t *row, size_t size, uint64_t total_before)
+{
+    if (row->res) {
+        cubuf_resource_stats_t s;
+        B_OK(cubuf_resource_stats(row->res, &s));
+        if (s.current_bytes || s.current_count)
+            bench_error(env, "%s/%zu: %zu bytes in %zu allocations still live after the row",
+                        row->name, size, s.current_bytes, s.current_count);
+        if (s.total_allocations <= total_before)
+            bench_error(env, "%s/%zu: the resource counted no allocation", row->name, size);
+    } else {
+        size_t live = 0;
+        B_OK(cubuf_context_bytes_allocated(env->ctx, &live));
+        if (live) bench_error(env, "%s/%zu: bytes_allocated is %zu after the row", row->name, size, live);
+    }
+}
+
+int main(void)
+{
+    bench_env_t env;
+    bench_init(&env, "bench_alloc");
+
+    cubuf_resource_t *r_pool = NULL, *r_sync = NULL, *r_legacy = NULL, *r_pinned = NULL,
+                     *r_managed = NULL;
+    cubuf_status_t st;
+    st = cubuf_device_resource_create(0, NULL, &r_pool);
+    r_pool = made(st, r_pool, "cubuf_device_resource_create");
+    st = cubuf_sync_device_resource_create(0, &r_sync);
+    r_sync = made(st, r_sync, "cubuf_sync_device_resource_create");
+    st = cubuf_legacy_pinned_resource_create(0, &r_legacy);
+    r_legacy = made(st, r_legacy, "cubuf_legacy_pinned_resource_create");
+    st = cubuf_pinned_resource_create(0, false, &r_pinned);
+    r_pinned = made(st, r_pinned, "cubuf_pinned_resource_create");
+    st = cubuf_managed_resource_create(0, -2, &r_managed);
+    r_managed = made(st, r_managed, "cubuf_managed_resource_create");
+
+    /* The default pool serves both the device resource (made with NULL
+     * options) and the raw side; raising its threshold again is what the
+     * resource promises, so both sides keep memory cached alike. */
+    CUmemoryPool default_pool = NULL;
+    B_CU(cuDeviceGetDefaultMemPool, &default_pool, env.dev);
+    raise_release_threshold(default_pool);
+    CUmemoryPool host_pool = r_pinned ? make_host_pool(&env) : NULL;
+
+    const alloc_row_t rows[] = {
+        {"device_pool", raw_pool, lib_resource, r_pool, default_pool, env.stream},
+        {"sync_device", raw_mem_alloc, lib_resource, r_sync, NULL, env.stream},
+        {"legacy_pinned", raw_host_alloc, lib_resource, r_legacy, NULL, env.stream},
+        {"pinned_pool", raw_pool, lib_resource, r_pinned, host_pool, env.stream},
+        {"managed", raw_managed, lib_resource, r_managed, NULL, env.stream},
+        /* new_buffer: the default pool on the context's legacy default stream. */
+        {"context_new_buffer", raw_pool, lib_new_buffer, NULL, default_pool, CU_STREAM_LEGACY},
+    };
+    static const char *const raw_names[] = {
+        "cuMemAllocFromPoolAsync + cuMemFreeAsync (default pool)",
+        "cuMemAlloc + cuMemFree",
+        "cuMemHostAlloc(PORTABLE) + cuMemFreeHost",
+        "cuMemAllocFromPoolAsync + cuMemFreeAsync (host pool, access granted)",
+        "cuMemAllocManaged(GLOBAL) + cuMemFree",
+        "cuMemAllocFromPoolAsync + cuMemFreeAsync (default pool, legacy stream)",
+    };
+    const size_t sizes[] = {4 * BENCH_KIB, 64 * BENCH_KIB, BENCH_MIB};
+
+    bench_section("allocate + free, per operation (cubuf: allocate, close, release)");
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const alloc_row_t *row = &rows[i];
+        bool is_new_buffer = row->lib == lib_new_buffer;
+        if (!row->res && !is_new_buffer) continue; /* resource not supported: noted above */
+        bench_note("%s: raw = %s", row->name, raw_names[i]);
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            alloc_arg_t arg = {sizes[k], row->stream, row->res, env.ctx, row->pool};
+            uint64_t total_before = 0;
+            if (row->res) {
+                cubuf_resource_stats_t s;
+                B_OK(cubuf_resource_stats(row->res, &s));
+                total_before = s.total_allocations;
+            }
+            bench_case_t c = {
+                .group = "alloc",
+                .name = row->name,
+                .size = sizes[k],
+                .mode = BENCH_LATENCY,
+                .stream = row->stream,
+                .raw = row->raw,
+                .lib = row->lib,
+                .arg = &arg,
+                .sample_s = 2e-3,
+                .max_batch = 2000,
+                .budget_s = 0.8,
+                .min_pairs = 9,
+                .max_pairs = 41,
+                .target = BENCH_TARGET_LE,
+                .bound = 1.05,
+            };
+            bench_compare(&env, &c);
+            check_row(&env, row, sizes[k], total_before);
+        }
+    }
+
+    B_CU(cuCtxSynchronize);
+    if (host_pool) B_CU(cuMemPoolDestroy, host_pool);
+    cubuf_resource_release(r_pool);
+    cubuf_resource_release(r_sync);
+    cubuf_resource_release(r_legacy);
+    cubuf_resource_release(r_pinned);
+    cubuf_resource_release(r_managed);
+    int rc = bench_summary(&env, "bench_alloc");
+    bench_fini(&env);
+    return rc;
+}
