@@ -529,8 +529,10 @@ typedef struct cubuf_device_resource_options {
  *    until its last reference is gone (buffers hold their resource).
  *  - A default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) given to
  *    cubuf_resource_allocate is the one of the context current at that
- *    moment, or of the resource's device's primary context when none is; the
- *    allocation and the recorded deallocation stream both use it.
+ *    moment, or of the resource's device's primary context when none is;
+ *    stream-ordered allocations and the recorded deallocation stream both
+ *    use it.
+ *  - Thread-safe: one resource may allocate and free from many threads.
  *  - Every create returns CUBUF_ERROR_INVALID_ARGUMENT (out NULL),
  *    CUBUF_ERROR_OUT_OF_RANGE, CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_NO_DEVICE,
  *    CUBUF_ERROR_DRIVER, plus what its entry lists. Release the resource
@@ -579,8 +581,7 @@ CUBUF_API cubuf_status_t cubuf_pinned_resource_create(int ordinal, bool ipc_enab
                                                       cubuf_resource_t **out);
 
 /**
- * Managed memory (cuMemAllocManaged, global attach), made in the context of
- * the allocating stream. preferred_location: a device ordinal, -1 for the
+ * Managed memory (cuMemAllocManaged, global attach). preferred_location: a device ordinal, -1 for the
  * host, or -2 for none. For -1 or a device, each allocation is advised
  * (CU_MEM_ADVISE_SET_PREFERRED_LOCATION); for a device it is also
  * prefetched there on the allocating stream. Host and device accessible,

@@ -41,6 +41,7 @@
     X(cuMemHostAlloc, 2020) X(cuMemHostGetDevicePointer, 3020)                          \
     X(cuMemHostRegister, 6050) X(cuMemHostUnregister, 4000) X(cuMemAllocManaged, 6000)  \
     X(cuMemAdvise, 12020) X(cuMemPrefetchAsync, 12020) X(cuMemGetAddressRange, 3020)    \
+    X(cuMemRangeGetAttribute, 8000)                                                     \
     X(cuPointerGetAttribute, 4000) X(cuPointerGetAttributes, 7000)                      \
     X(cuMemAllocAsync, 11020) X(cuMemAllocFromPoolAsync, 11020) X(cuMemFreeAsync, 11020)\
     X(cuMemPoolCreate, 11020) X(cuMemPoolDestroy, 11020) X(cuMemPoolSetAttribute, 11020)\

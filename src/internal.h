@@ -129,6 +129,7 @@ struct cubuf_resource {
     void *user_state;
     /* kind-specific state */
     void *impl;
+    unsigned char ipc_pool_id[16]; /* pools: IPC identity, random, set on first export (ipc.c) */
 };
 
 /* Allocates a zeroed resource with one reference. */

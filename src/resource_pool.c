@@ -100,8 +100,12 @@ static cubuf_status_t pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf
 static void owned_pool_destroy(cubuf_resource_t *res)
 {
     /* Buffers hold their resource, so every allocation has been freed (or
-     * its free is pending, which cuMemPoolDestroy handles). */
+     * its free is pending, which cuMemPoolDestroy handles). The last release
+     * may come from a thread with no context: run in the device's. */
+    cubuf_ctx_guard_t g;
+    cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
     CUresult r = CU_CALL(cuMemPoolDestroy, pool_of(res));
+    if (st == CUBUF_SUCCESS) cubuf__ctx_pop(&g);
     if (r != CUDA_SUCCESS)
         cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy failed (CUresult %d): the pool leaks", (int)r);
 }

@@ -21,7 +21,7 @@ if has info; then
   { ./$build/cubuf info; ./$build/cubuf info --json; ./$build/cubuf demo; } 2>&1 | tee "$out/info.log"
 fi
 if has tests; then
-  ctest --test-dir $build --output-on-failure -j 4 --timeout 600 >"$out/ctest.log" 2>&1 || rc=1
+  ctest --test-dir $build --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed|Failed|\*\*\*|Skipped" "$out/ctest.log" | tail -25
 fi
 if has sanitize; then

@@ -1,0 +1,45 @@
+/* The IPC descriptor, shared by ipc_wire.c (bytes, fds, sockets; pure CPU)
+ * and ipc.c (export and import through the driver). Private. */
+#ifndef CUBUF_IPC_PRIVATE_H
+#define CUBUF_IPC_PRIVATE_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+enum {
+    CUBUF__IPC_FLAG_HOST_ACCESSIBLE = 1u << 0,
+    CUBUF__IPC_KNOWN_FLAGS = CUBUF__IPC_FLAG_HOST_ACCESSIBLE,
+    CUBUF__IPC_HANDLE_POSIX_FD = 1, /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR on the wire */
+};
+
+struct cubuf_ipc_descriptor {
+    cubuf_ipc_mechanism_t mechanism;
+    uint32_t flags;  /* CUBUF__IPC_FLAG_* */
+    uint64_t size;   /* bytes of the buffer */
+    uint64_t offset; /* start of the buffer within the extent */
+    uint64_t extent; /* bytes opened or mapped by the importer */
+    int *fds;        /* owned, closed on destroy */
+    size_t nfds;
+    uint32_t handle_type; /* pool and VMM: CUBUF__IPC_HANDLE_POSIX_FD */
+    /* pool */
+    uint8_t pool_id[16];
+    uint8_t export_data[64]; /* CUmemPoolPtrExportData */
+    /* VMM: chunk i is backed by fds[i] */
+    uint64_t granularity;
+    uint64_t *chunk_sizes; /* owned */
+    size_t nchunks;
+    /* legacy */
+    uint8_t ipc_handle[64]; /* CUipcMemHandle */
+};
+
+/* A zeroed descriptor of `mechanism`, with room for `nfds` fds (all -1) and,
+ * for VMM, `nfds` chunk sizes. */
+cubuf_status_t cubuf__ipc_desc_new(cubuf_ipc_mechanism_t mechanism, size_t nfds,
+                                   cubuf_ipc_descriptor_t **out);
+
+/* Checks every rule of the wire format on a descriptor (fields and fds).
+ * Import runs it again on descriptors that did not come from the wire. */
+cubuf_status_t cubuf__ipc_desc_validate(const cubuf_ipc_descriptor_t *desc);
+
+#endif

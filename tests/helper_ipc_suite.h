@@ -1,0 +1,746 @@
+/* The scenarios of the multi-process IPC tests, run by tests/test_ipc_*.c
+ * for their mechanism against a peer process (tests/helper_ipc.c) started
+ * with fork+exec. The test process is "me": it exports to the peer, or
+ * imports what the peer exports. Each scenario checks data both ways, fd
+ * counts in /proc/self/fd and free device memory against baselines, and
+ * the balance of driver calls that acquire and release (fault.h's counters). */
+#ifndef CUBUF_TEST_HELPER_IPC_SUITE_H
+#define CUBUF_TEST_HELPER_IPC_SUITE_H
+
+#include <libgen.h>
+
+#include "test.h"
+#include "helper_ipc.h"
+
+typedef struct helper {
+    pid_t pid;
+    int sock;
+    bool alive;
+} helper_t;
+
+/* Starts tests' helper_ipc with one end of a socketpair. */
+static inline helper_t helper_start(void)
+{
+    helper_t h = {-1, -1, false};
+    char path[4096];
+    const char *dir = getenv("CUBUF_TEST_HELPER_DIR");
+    if (dir && *dir) {
+        snprintf(path, sizeof path, "%s/helper_ipc", dir);
+    } else {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+        snprintf(path, sizeof path, "%s/helper_ipc", dirname(self));
+    }
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        perror("socketpair");
+        exit(1);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Only async-signal-safe calls between fork and exec: CUDA is live here. */
+        char arg[16];
+        int fd = sv[1], k = 0;
+        char digits[16];
+        do digits[k++] = (char)('0' + fd % 10); while ((fd /= 10) && k < 15);
+        for (int i = 0; i < k; i++) arg[i] = digits[k - 1 - i];
+        arg[k] = '\0';
+        fcntl(sv[1], F_SETFD, 0);
+        execl(path, path, arg, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        perror("fork");
+        exit(1);
+    }
+    h.pid = pid;
+    h.sock = sv[0];
+    peer_reply_t hello;
+    if (!peer_read_exact(h.sock, &hello, sizeof hello, 60000) || hello.status != CUBUF_SUCCESS) {
+        fprintf(stderr, "helper %s did not start: %s\n", path, hello.detail);
+        exit(1);
+    }
+    h.alive = true;
+    return h;
+}
+
+/* Sends a command and waits for its reply; a dead or silent helper gives
+ * status -1 instead of a hang. */
+static inline peer_reply_t helper_call(helper_t *h, peer_cmd_t c)
+{
+    peer_reply_t r;
+    memset(&r, 0, sizeof r);
+    r.status = -1;
+    if (!h->alive || !peer_write_exact(h->sock, &c, sizeof c) ||
+        !peer_read_exact(h->sock, &r, sizeof r, PEER_REPLY_TIMEOUT_MS)) {
+        snprintf(r.detail, sizeof r.detail, "no reply from the helper (op %u)", c.op);
+        r.status = -1;
+    }
+    return r;
+}
+
+#define H_OK(h, ...)                                                                           \
+    __extension__({                                                                            \
+        peer_reply_t h_r_ = helper_call((h), (peer_cmd_t){__VA_ARGS__});                       \
+        if (h_r_.status != CUBUF_SUCCESS) {                                                    \
+            fprintf(stderr, "%s:%d: helper op failed: status %d: %s\n", __FILE__, __LINE__,    \
+                    (int)h_r_.status, h_r_.detail);                                            \
+            t_failures++;                                                                      \
+        }                                                                                      \
+        h_r_;                                                                                  \
+    })
+
+/* Waits for the helper to end; returns its wait status. */
+static inline int helper_reap(helper_t *h)
+{
+    int status = 0;
+    if (h->pid > 0) waitpid(h->pid, &status, 0);
+    if (h->sock >= 0) close(h->sock);
+    h->pid = -1;
+    h->sock = -1;
+    h->alive = false;
+    return status;
+}
+
+/* Closes the socket: the helper cleans up and exits 0. */
+static inline void helper_stop(helper_t *h)
+{
+    if (h->sock >= 0) close(h->sock);
+    h->sock = -1;
+    int status = helper_reap(h);
+    T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static inline cubuf_ipc_recv_options_t suite_recv_options(void)
+{
+    cubuf_ipc_recv_options_t o = CUBUF_IPC_RECV_OPTIONS_INIT;
+    o.timeout_ms = 120000;
+    o.check_uid = true;
+    o.uid = getuid();
+    return o;
+}
+
+/* The descriptor the helper sends after a successful OP_EXPORT. */
+static inline cubuf_ipc_descriptor_t *suite_recv(helper_t *h)
+{
+    cubuf_ipc_recv_options_t o = suite_recv_options();
+    cubuf_ipc_descriptor_t *d = NULL;
+    T_OK(cubuf_ipc_recv(h->sock, &o, &d));
+    return d;
+}
+
+static inline size_t suite_helper_fds(helper_t *h) { return H_OK(h, .op = OP_FDS).value; }
+
+/* ---- call balance (fault.h counters) ---- */
+
+/* What acquires and what releases driver objects in an import of `m`. */
+typedef struct call_pair {
+    const char *acquire;
+    const char *release[2];
+} call_pair_t;
+
+static inline size_t suite_pairs(peer_mech_t m, call_pair_t *p)
+{
+    switch (m) {
+    case PEER_POOL_DEVICE:
+    case PEER_POOL_PINNED:
+        p[0] = (call_pair_t){"cuMemPoolImportFromShareableHandle", {"cuMemPoolDestroy", NULL}};
+        p[1] = (call_pair_t){"cuMemPoolImportPointer", {"cuMemFreeAsync", "cuMemFree"}};
+        return 2;
+    case PEER_VMM:
+        p[0] = (call_pair_t){"cuMemImportFromShareableHandle", {"cuMemRelease", NULL}};
+        p[1] = (call_pair_t){"cuMemAddressReserve", {"cuMemAddressFree", NULL}};
+        p[2] = (call_pair_t){"cuMemMap", {"cuMemUnmap", NULL}};
+        return 3;
+    case PEER_LEGACY:
+        p[0] = (call_pair_t){"cuIpcOpenMemHandle", {"cuIpcCloseMemHandle", NULL}};
+        return 1;
+    }
+    return 0;
+}
+
+/* Acquisitions minus releases since counting started; a call the armed
+ * fault failed acquired nothing. */
+static inline long suite_unbalanced(peer_mech_t m, const char *fired)
+{
+    call_pair_t pairs[3];
+    size_t n = suite_pairs(m, pairs);
+    long total = 0;
+    for (size_t i = 0; i < n; i++) {
+        long acq = (long)cubuf_fault_calls(pairs[i].acquire);
+        if (fired && strcmp(fired, pairs[i].acquire) == 0) acq--;
+        long rel = 0;
+        for (int k = 0; k < 2; k++)
+            if (pairs[i].release[k]) rel += (long)cubuf_fault_calls(pairs[i].release[k]);
+        if (acq != rel)
+            fprintf(stderr, "  %s: %ld acquired by %s, %ld released\n", peer_mech_name(m), acq,
+                    pairs[i].acquire, rel);
+        total += acq - rel;
+    }
+    return total;
+}
+
+/* ---- scenarios ---- */
+
+/* The peer exports (slice [off, off+len) of a `size`-byte buffer, or all of
+ * it with len 0); I import, read its data, write mine, and the peer reads
+ * mine through its own buffer. Then the same the other way round. Importers
+ * close first; fds and memory are back to their baselines on both sides. */
+static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t size, size_t off,
+                                  size_t len, uint32_t export_flags, bool check_baselines)
+{
+    size_t my_fds = (size_t)peer_fd_count(), its_fds = suite_helper_fds(h);
+    size_t my_mem = peer_free_memory();
+    size_t pos = len ? off : 0;
+    uint64_t seed = size + off * 7 + len * 13 + m;
+
+    /* peer -> me */
+    peer_reply_t r = H_OK(h, .op = OP_EXPORT, .mech = m, .size = size, .offset = off, .length = len,
+                          .seed = seed, .slot = 1, .flags = export_flags);
+    if (r.status != CUBUF_SUCCESS) return;
+    if (export_flags & PEER_GROWN) {
+        T_CHECK((r.value & 0xffffffffu) >= 3);     /* several physical allocations */
+        T_CHECK(r.value >> 32);                    /* the last grow moved */
+    }
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    if (!d) return;
+    cubuf_ipc_descriptor_info_t info = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+    T_OK(cubuf_ipc_descriptor_info(d, &info));
+    T_CHECK(len ? info.size == len : info.size >= size); /* VMM rounds up to its granularity */
+    cubuf_buffer_t *imp = NULL;
+    T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &imp));
+    cubuf_ipc_descriptor_destroy(d); /* the import does not need the fds any more */
+    if (!imp) return;
+    T_CHECK(cubuf_buffer_is_mapped(imp) && cubuf_buffer_is_device_accessible(imp));
+    T_CHECK(cubuf_buffer_device_id(imp) == (m == PEER_POOL_PINNED ? -1 : 0));
+    if (len) T_CHECK(cubuf_buffer_size(imp) == len);
+    if (m == PEER_POOL_PINNED) T_CHECK(cubuf_buffer_is_host_accessible(imp));
+    size_t bad = 0;
+    T_OK(peer_verify(imp, seed, pos, &bad));
+    if (bad != SIZE_MAX) fprintf(stderr, "  %s: import differs at byte %zu\n", peer_mech_name(m), bad);
+    T_CHECK(bad == SIZE_MAX);
+    /* imported memory is not exported again, nor is a slice of it */
+    cubuf_ipc_descriptor_t *again = NULL;
+    T_STATUS(cubuf_buffer_ipc_descriptor(imp, &again), CUBUF_ERROR_NOT_SUPPORTED);
+    cubuf_buffer_t *piece = NULL;
+    T_OK(cubuf_buffer_slice(imp, 0, cubuf_buffer_size(imp) / 2, &piece));
+    T_STATUS(cubuf_buffer_ipc_descriptor(piece, &again), CUBUF_ERROR_NOT_SUPPORTED);
+    T_CHECK(cubuf_buffer_is_mapped(piece));
+    cubuf_buffer_release(piece);
+    /* and the reverse direction through the same mapping */
+    T_OK(peer_write(imp, seed + 1, pos));
+    r = H_OK(h, .op = OP_VERIFY, .slot = 1, .seed = seed + 1, .offset = pos);
+    T_CHECK(r.value == 0);
+    T_OK(cubuf_buffer_close(imp));
+    T_OK(cubuf_buffer_close(imp)); /* a second close is a no-op */
+    cubuf_buffer_release(imp);
+    cubuf__drv.cuCtxSynchronize();
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+
+    /* me -> peer */
+    peer_cmd_t c = {.op = OP_EXPORT, .mech = m, .size = size, .offset = off, .length = len,
+                    .seed = seed + 2, .slot = 2, .flags = export_flags & PEER_GROWN};
+    uint64_t value = 0;
+    cubuf_status_t st = peer_export(me, &c, &d, &value);
+    T_OK(st);
+    if (st == CUBUF_SUCCESS) {
+        T_CHECK(!cubuf_buffer_is_mapped(me->slot[2].buf));
+        peer_cmd_t ic = {.op = OP_IMPORT, .slot = 3, .offset = pos};
+        T_CHECK(peer_write_exact(h->sock, &ic, sizeof ic));
+        T_OK(cubuf_ipc_send(h->sock, d));
+        peer_reply_t ir;
+        T_CHECK(peer_read_exact(h->sock, &ir, sizeof ir, PEER_REPLY_TIMEOUT_MS));
+        if (ir.status != CUBUF_SUCCESS) fprintf(stderr, "  helper import: %s\n", ir.detail);
+        T_CHECK(ir.status == CUBUF_SUCCESS && ir.value == 1);
+        cubuf_ipc_descriptor_destroy(d);
+        r = H_OK(h, .op = OP_VERIFY, .slot = 3, .seed = seed + 2, .offset = pos);
+        T_CHECK(r.value == 0);
+        H_OK(h, .op = OP_WRITE, .slot = 3, .seed = seed + 3, .offset = pos);
+        T_OK(peer_verify(me->slot[2].buf, seed + 3, pos, &bad));
+        T_CHECK(bad == SIZE_MAX);
+        H_OK(h, .op = OP_CLOSE, .slot = 3); /* the importer first */
+        H_OK(h, .op = OP_CLEAR, .slot = 3);
+    }
+    peer_slot_clear(&me->slot[2]);
+    if (!check_baselines) return; /* a warm-up: the driver may open files once per process */
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+    T_CHECK(suite_helper_fds(h) == its_fds);
+    T_CHECK(peer_memory_back(my_mem));
+}
+
+/* One descriptor imported twice, and a copy of it (the wire format with
+ * duplicated fds, as a second receive would give) imported a third time:
+ * three buffers over one memory. For pools the pool
+ * and the pointer are imported once (the registry). Each close is
+ * independent; double closes are harmless; everything is released at the end. */
+static inline void suite_duplicate(peer_t *me, helper_t *h, peer_mech_t m)
+{
+    size_t my_fds = (size_t)peer_fd_count();
+    uint64_t seed = 0xd0d0 + m;
+    size_t size = 4 * PEER_MIB;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = size, .seed = seed, .slot = 1).status) return;
+    cubuf_ipc_descriptor_t *d1 = suite_recv(h);
+    cubuf_fault_count_calls(true);
+    cubuf_buffer_t *b[3] = {NULL, NULL, NULL};
+    if (d1) {
+        T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d1, CU_STREAM_LEGACY, &b[0]));
+        T_OK(cubuf_context_open_ipc_buffer(me->ctx, d1, &b[1]));
+        cubuf_ipc_descriptor_t *d2 = NULL;
+        /* a copy of d1 through the wire format with duplicated fds */
+        size_t len = 0, n = 0;
+        T_OK(cubuf_ipc_descriptor_serialize(d1, NULL, &len, NULL, &n));
+        uint8_t *bytes = malloc(len);
+        int fds[CUBUF_IPC_MAX_FDS];
+        T_OK(cubuf_ipc_descriptor_serialize(d1, bytes, &len, fds, &n));
+        for (size_t i = 0; i < n; i++) fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+        T_OK(cubuf_ipc_descriptor_deserialize(bytes, len, fds, n, &d2));
+        free(bytes);
+        cubuf_ipc_descriptor_destroy(d1);
+        if (d2) T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d2, CU_STREAM_LEGACY, &b[2]));
+        cubuf_ipc_descriptor_destroy(d2);
+    }
+    if (m == PEER_POOL_DEVICE || m == PEER_POOL_PINNED) {
+        T_CHECK(cubuf_fault_calls("cuMemPoolImportFromShareableHandle") == 1);
+        T_CHECK(cubuf_fault_calls("cuMemPoolImportPointer") == 1);
+    }
+    size_t bad = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!b[i]) continue;
+        T_OK(peer_verify(b[i], seed, 0, &bad));
+        T_CHECK(bad == SIZE_MAX);
+    }
+    if (b[0] && b[1] && b[2]) {
+        T_CHECK(cubuf_buffer_ptr(b[2]) == cubuf_buffer_ptr(b[0]) || m == PEER_VMM);
+        T_OK(cubuf_buffer_close(b[0]));
+        T_OK(cubuf_buffer_close(b[0]));
+        T_OK(peer_verify(b[1], seed, 0, &bad)); /* the others still map it */
+        T_CHECK(bad == SIZE_MAX);
+        T_OK(peer_write(b[2], seed + 5, 0));
+        T_OK(peer_verify(b[1], seed + 5, 0, &bad));
+        T_CHECK(bad == SIZE_MAX);
+    }
+    for (int i = 0; i < 3; i++) {
+        cubuf_buffer_close(b[i]);
+        cubuf_buffer_release(b[i]);
+    }
+    cubuf__drv.cuCtxSynchronize();
+    T_CHECK(suite_unbalanced(m, NULL) == 0);
+    cubuf_fault_count_calls(false);
+    peer_reply_t r = H_OK(h, .op = OP_VERIFY, .slot = 1, .seed = seed + 5, .offset = 0);
+    T_CHECK(r.value == 0);
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+}
+
+/* The exporter exits (without closing) while I hold its memory. For VMM the
+ * mapping stays valid with its data; for pools and legacy handles the
+ * contents are undefined, but closing returns and leaks nothing. */
+static inline void suite_exporter_exits(peer_t *me, helper_t *h, peer_mech_t m)
+{
+    size_t my_fds = (size_t)peer_fd_count();
+    uint64_t seed = 0xe0e0 + m;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .seed = seed, .slot = 1).status) return;
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    cubuf_buffer_t *imp = NULL;
+    if (d) T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &imp));
+    cubuf_ipc_descriptor_destroy(d);
+    size_t bad = 0;
+    if (imp) {
+        T_OK(peer_verify(imp, seed, 0, &bad));
+        T_CHECK(bad == SIZE_MAX);
+    }
+    H_OK(h, .op = OP_EXIT, .seed = 0);
+    int status = helper_reap(h);
+    T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (imp && m == PEER_VMM) {
+        T_OK(peer_verify(imp, seed, 0, &bad));
+        T_CHECK(bad == SIZE_MAX);
+        T_OK(peer_write(imp, seed + 1, 0));
+        T_OK(peer_verify(imp, seed + 1, 0, &bad));
+        T_CHECK(bad == SIZE_MAX);
+    }
+    if (imp) {
+        cubuf_status_t st = cubuf_buffer_close(imp);
+        if (m == PEER_VMM) T_OK(st);
+        else T_CHECK(st == CUBUF_SUCCESS || st == CUBUF_ERROR_DRIVER);
+        if (st != CUBUF_SUCCESS) printf("  %s: close after the exporter exited: %s\n", peer_mech_name(m), cubuf_last_error());
+        cubuf__drv.cuCtxSynchronize();
+        cubuf_buffer_release(imp);
+    }
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+    *h = helper_start();
+}
+
+/* I export; the peer imports, writes, and exits (or is killed) holding the
+ * mapping. My buffer keeps the peer's data; closing it frees the memory. */
+static inline void suite_importer_exits(peer_t *me, helper_t *h, peer_mech_t m, bool kill_it)
+{
+    size_t my_fds = (size_t)peer_fd_count();
+    size_t my_mem = peer_free_memory();
+    uint64_t seed = 0xf0f0 + m + kill_it;
+    peer_cmd_t c = {.op = OP_EXPORT, .mech = m, .size = 16 * PEER_MIB, .seed = seed, .slot = 4};
+    cubuf_ipc_descriptor_t *d = NULL;
+    uint64_t value = 0;
+    T_OK(peer_export(me, &c, &d, &value));
+    if (!d) return;
+    peer_cmd_t ic = {.op = OP_IMPORT, .slot = 1, .flags = m == PEER_LEGACY ? PEER_OPEN_IN_CTX : 0};
+    T_CHECK(peer_write_exact(h->sock, &ic, sizeof ic));
+    T_OK(cubuf_ipc_send(h->sock, d));
+    cubuf_ipc_descriptor_destroy(d);
+    peer_reply_t ir;
+    T_CHECK(peer_read_exact(h->sock, &ir, sizeof ir, PEER_REPLY_TIMEOUT_MS) && ir.status == 0);
+    H_OK(h, .op = OP_WRITE, .slot = 1, .seed = seed + 1);
+    if (kill_it) {
+        kill(h->pid, SIGKILL);
+        int status = helper_reap(h);
+        T_CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    } else {
+        H_OK(h, .op = OP_EXIT, .seed = 0);
+        helper_reap(h);
+    }
+    size_t bad = 0;
+    T_OK(peer_verify(me->slot[4].buf, seed + 1, 0, &bad));
+    T_CHECK(bad == SIZE_MAX);
+    T_OK(cubuf_buffer_close(me->slot[4].buf));
+    peer_slot_clear(&me->slot[4]);
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+    T_CHECK(peer_memory_back(my_mem));
+    *h = helper_start();
+}
+
+/* The exporter is killed halfway through sending its descriptor: my receive
+ * fails at once (no hang), and the fd that arrived is closed. */
+static inline void suite_exporter_killed(peer_t *me, helper_t *h, peer_mech_t m)
+{
+    size_t my_fds = (size_t)peer_fd_count();
+    peer_reply_t r = H_OK(h, .op = OP_EXPORT, .mech = m, .size = 2 * PEER_MIB, .seed = 1, .slot = 1,
+                          .flags = PEER_DIE_MID_SEND);
+    if (r.status == CUBUF_SUCCESS) {
+        cubuf_ipc_recv_options_t o = CUBUF_IPC_RECV_OPTIONS_INIT; /* no timeout: EOF ends it */
+        cubuf_ipc_descriptor_t *d = NULL;
+        cubuf_status_t st = cubuf_ipc_recv(h->sock, &o, &d);
+        T_CHECK(st == CUBUF_ERROR_INVALID_DESCRIPTOR || st == CUBUF_ERROR_SYSTEM);
+        T_CHECK(d == NULL);
+    }
+    int status = helper_reap(h);
+    T_CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+    *h = helper_start();
+}
+
+/* Fails each driver call of an import in turn (n = 1, 2, ...) until the
+ * import succeeds: every failure leaves nothing imported or mapped (the
+ * acquiring and releasing calls balance, fds and free memory are back) and
+ * the descriptor usable; the final import reads the right data. */
+static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t export_flags)
+{
+    uint64_t seed = 0xfa0 + m;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
+             .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
+            .status)
+        return;
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    if (!d) return;
+    size_t fds0 = (size_t)peer_fd_count(), mem0 = peer_free_memory();
+    unsigned n = 1, failures = 0;
+    for (; n < 200; n++) {
+        cubuf_fault_count_calls(true);
+        cubuf_fault_fail_any_nth(n, CUDA_ERROR_OUT_OF_MEMORY);
+        cubuf_buffer_t *b = NULL;
+        cubuf_status_t st = cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &b);
+        bool fired = cubuf_fault_fired();
+        char fired_name[64];
+        snprintf(fired_name, sizeof fired_name, "%s", cubuf_fault_fired_name());
+        cubuf_fault_reset();
+        if (!fired) {
+            T_OK(st);
+            size_t bad = 0;
+            if (b) {
+                T_OK(peer_verify(b, seed, 4096, &bad));
+                T_CHECK(bad == SIZE_MAX);
+                T_OK(cubuf_buffer_close(b));
+                cubuf_buffer_release(b);
+            }
+            cubuf__drv.cuCtxSynchronize();
+            T_CHECK(suite_unbalanced(m, NULL) == 0);
+            cubuf_fault_count_calls(false);
+            break;
+        }
+        failures++;
+        if (st == CUBUF_SUCCESS) {
+            /* a failure that does not matter (a best-effort query) */
+            cubuf_buffer_close(b);
+            cubuf_buffer_release(b);
+            cubuf__drv.cuCtxSynchronize();
+            T_CHECK(suite_unbalanced(m, NULL) == 0);
+        } else {
+            T_CHECK(b == NULL);
+            long u = suite_unbalanced(m, fired_name);
+            if (u) fprintf(stderr, "  %s: failing call %u (%s) leaked\n", peer_mech_name(m), n, fired_name);
+            T_CHECK(u == 0);
+        }
+        cubuf_fault_count_calls(false);
+        T_CHECK((size_t)peer_fd_count() == fds0);
+        T_CHECK(peer_memory_back(mem0));
+    }
+    printf("  %s: import failed cleanly at each of %u driver calls\n", peer_mech_name(m), failures);
+    T_CHECK(n < 200 && failures > 0);
+    cubuf_ipc_descriptor_destroy(d);
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+}
+
+/* A copy of d through the wire format, with its bytes changed by `edit`
+ * and fd `swap_fd` (if >= 0) replaced by `replacement` (owned by the copy on
+ * success). NULL if deserialize refuses it (that status is returned in *st). */
+typedef void (*suite_edit_fn)(uint8_t *bytes, size_t len);
+
+static inline cubuf_ipc_descriptor_t *suite_altered(const cubuf_ipc_descriptor_t *d, suite_edit_fn edit,
+                                                    int swap_fd, int replacement, cubuf_status_t *st)
+{
+    size_t len = 0, n = 0;
+    cubuf_ipc_descriptor_serialize(d, NULL, &len, NULL, &n);
+    uint8_t *bytes = malloc(len);
+    int fds[CUBUF_IPC_MAX_FDS];
+    cubuf_ipc_descriptor_serialize(d, bytes, &len, fds, &n);
+    for (size_t i = 0; i < n; i++)
+        fds[i] = (int)i == swap_fd ? replacement : fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+    if (edit) edit(bytes, len);
+    cubuf_ipc_descriptor_t *out = NULL;
+    *st = cubuf_ipc_descriptor_deserialize(bytes, len, fds, n, &out);
+    if (*st != CUBUF_SUCCESS)
+        for (size_t i = 0; i < n; i++) close(fds[i]);
+    free(bytes);
+    return out;
+}
+
+static inline uint64_t suite_get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static inline void suite_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* size and extent four times larger than the real allocation */
+static inline void edit_inflate(uint8_t *b, size_t len)
+{
+    suite_put64(b + 24, suite_get64(b + 24) + 3 * suite_get64(b + 40));
+    suite_put64(b + 40, 4 * suite_get64(b + 40));
+    (void)len;
+}
+/* VMM: chunk sizes doubled (extent and size follow) */
+static inline void edit_vmm_double_chunks(uint8_t *b, size_t len)
+{
+    uint32_t n = (uint32_t)b[52] | (uint32_t)b[53] << 8;
+    for (uint32_t i = 0; i < n; i++) suite_put64(b + 64 + 8 * i, 2 * suite_get64(b + 64 + 8 * i));
+    suite_put64(b + 40, 2 * suite_get64(b + 40));
+    (void)len;
+}
+/* VMM: first and last chunk sizes swapped */
+static inline void edit_vmm_swap_chunks(uint8_t *b, size_t len)
+{
+    uint32_t n = (uint32_t)b[52] | (uint32_t)b[53] << 8;
+    uint64_t first = suite_get64(b + 64), last = suite_get64(b + 64 + 8 * (n - 1));
+    suite_put64(b + 64, last);
+    suite_put64(b + 64 + 8 * (n - 1), first);
+    (void)len;
+}
+/* VMM: a granularity of 4 KiB, which a device with 2 MiB granularity cannot map */
+static inline void edit_vmm_small_granularity(uint8_t *b, size_t len)
+{
+    suite_put64(b + 56, 4096);
+    (void)len;
+}
+/* pool export data or legacy handle scrambled */
+static inline void edit_scramble_pool(uint8_t *b, size_t len)
+{
+    for (int i = 0; i < 64; i++) b[72 + i] ^= 0xff;
+    (void)len;
+}
+static inline void edit_scramble_legacy(uint8_t *b, size_t len)
+{
+    for (int i = 0; i < 64; i++) b[48 + i] ^= 0xff;
+    (void)len;
+}
+
+/* Imports an altered descriptor expecting a failure whose detail holds
+ * `piece` (NULL: any), with nothing left behind. */
+static inline void suite_import_fails(peer_mech_t m, const cubuf_ipc_descriptor_t *bad,
+                                      cubuf_status_t expected, const char *piece, const char *what)
+{
+    size_t fds0 = (size_t)peer_fd_count();
+    cubuf_fault_count_calls(true);
+    cubuf_buffer_t *b = NULL;
+    cubuf_status_t st = cubuf_buffer_from_ipc_descriptor(NULL, NULL, bad, CU_STREAM_LEGACY, &b);
+    if (st == CUBUF_SUCCESS || (expected != CUBUF_SUCCESS && st != expected) ||
+        (piece && !strstr(cubuf_last_error(), piece))) {
+        fprintf(stderr, "  %s, %s: import gave %s (%s); expected %s with \"%s\"\n", peer_mech_name(m),
+                what, cubuf_status_name(st), cubuf_last_error(),
+                expected ? cubuf_status_name(expected) : "a failure", piece ? piece : "");
+        t_failures++;
+    }
+    if (b) {
+        cubuf_buffer_close(b);
+        cubuf_buffer_release(b);
+    }
+    cubuf__drv.cuCtxSynchronize();
+    T_CHECK(suite_unbalanced(m, NULL) == 0);
+    cubuf_fault_count_calls(false);
+    T_CHECK((size_t)peer_fd_count() == fds0);
+}
+
+/* Descriptors that pass the wire checks but lie about what the driver
+ * holds, and fds that are not CUDA handles: each import fails, naming the
+ * step (and the chunk), and leaves nothing behind. */
+static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
+{
+    size_t my_fds = (size_t)peer_fd_count();
+    uint32_t flags = m == PEER_VMM ? PEER_GROWN : 0;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 16 * PEER_MIB, .seed = 3, .slot = 1, .flags = flags).status)
+        return;
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    if (!d) return;
+    cubuf_ipc_descriptor_info_t info = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+    cubuf_ipc_descriptor_info(d, &info);
+    cubuf_status_t st;
+    cubuf_ipc_descriptor_t *bad;
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    switch (m) {
+    case PEER_VMM: {
+        char piece[64];
+        snprintf(piece, sizeof piece, "chunk 2 of %zu", info.chunk_count);
+        /* a character device that is not a CUDA handle: the driver refuses it */
+        bad = suite_altered(d, NULL, 1, nul, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, piece, "/dev/null as chunk 2");
+        cubuf_ipc_descriptor_destroy(bad);
+        nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+        /* a regular file: refused before any driver call */
+        char path[] = "/tmp/cubuf-ipc-XXXXXX";
+        int file = mkstemp(path);
+        unlink(path);
+        bad = suite_altered(d, NULL, 1, file, &st);
+        T_STATUS(st, CUBUF_ERROR_INVALID_DESCRIPTOR);
+        T_CHECK(bad == NULL && strstr(cubuf_last_error(), piece) != NULL);
+        close(file);
+        bad = suite_altered(d, edit_vmm_double_chunks, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk 1 of", "chunks twice their size");
+        cubuf_ipc_descriptor_destroy(bad);
+        bad = suite_altered(d, edit_vmm_swap_chunks, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk", "chunk sizes swapped");
+        cubuf_ipc_descriptor_destroy(bad);
+        bad = suite_altered(d, edit_vmm_small_granularity, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "granularity", "4 KiB granularity");
+        cubuf_ipc_descriptor_destroy(bad);
+        break;
+    }
+    case PEER_POOL_DEVICE:
+    case PEER_POOL_PINNED:
+        bad = suite_altered(d, NULL, 0, nul, &st);
+        T_OK(st);
+        nul = -1; /* owned by bad now */
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "pool fd", "/dev/null as the pool fd");
+        cubuf_ipc_descriptor_destroy(bad);
+        bad = suite_altered(d, edit_scramble_pool, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuMemPoolImportPointer", "scrambled export data");
+        cubuf_ipc_descriptor_destroy(bad);
+        break;
+    case PEER_LEGACY:
+        bad = suite_altered(d, edit_inflate, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "past the opened allocation", "size beyond the allocation");
+        cubuf_ipc_descriptor_destroy(bad);
+        bad = suite_altered(d, edit_scramble_legacy, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuIpcOpenMemHandle", "scrambled handle");
+        cubuf_ipc_descriptor_destroy(bad);
+        break;
+    }
+    if (nul >= 0) close(nul);
+    /* the original still imports */
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_buffer_from_ipc_descriptor(me->ctx, NULL, d, CU_STREAM_LEGACY, &b));
+    size_t badpos = 0;
+    if (b) {
+        T_OK(peer_verify(b, 3, 0, &badpos));
+        T_CHECK(badpos == SIZE_MAX);
+    }
+    cubuf_buffer_release(b);
+    cubuf__drv.cuCtxSynchronize();
+    cubuf_ipc_descriptor_destroy(d);
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+    T_CHECK((size_t)peer_fd_count() == my_fds);
+}
+
+/* Argument checks that need a driver but no peer. */
+static inline void suite_arguments(peer_t *me, peer_mech_t m)
+{
+    cubuf_buffer_t *b = NULL;
+    cubuf_ipc_descriptor_t *d = NULL;
+    T_STATUS(cubuf_buffer_ipc_descriptor(NULL, &d), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_from_ipc_descriptor(NULL, NULL, NULL, 0, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_context_open_ipc_buffer(NULL, NULL, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* a resource of the mechanism: export works; a closed buffer, size 0 and a view do not */
+    cubuf_resource_t *res = NULL;
+    T_REQUIRE(peer_resource(m, &res));
+    cubuf_buffer_t *buf = NULL, *empty = NULL, *view = NULL;
+    T_OK(cubuf_resource_allocate(res, 2 * PEER_MIB, CU_STREAM_LEGACY, &buf));
+    T_OK(cubuf_resource_allocate(res, 0, CU_STREAM_LEGACY, &empty));
+    cubuf__drv.cuCtxSynchronize();
+    T_STATUS(cubuf_buffer_ipc_descriptor(empty, &d), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_buffer_view(cubuf_buffer_ptr(buf), 4096, &view));
+    T_STATUS(cubuf_buffer_ipc_descriptor(view, &d), CUBUF_ERROR_NOT_SUPPORTED);
+    T_OK(cubuf_buffer_ipc_descriptor(buf, &d));
+    cubuf_ipc_descriptor_info_t info = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+    T_OK(cubuf_ipc_descriptor_info(d, &info));
+    T_CHECK(info.size == cubuf_buffer_size(buf) && info.offset == 0);
+    T_CHECK(info.mechanism == (m == PEER_VMM      ? CUBUF_IPC_MECHANISM_VMM
+                               : m == PEER_LEGACY ? CUBUF_IPC_MECHANISM_LEGACY
+                                                  : CUBUF_IPC_MECHANISM_POOL));
+    cubuf_ipc_import_options_t o = CUBUF_IPC_IMPORT_OPTIONS_INIT;
+    o.struct_size = 1;
+    T_STATUS(cubuf_buffer_from_ipc_descriptor(NULL, &o, d, 0, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    o = (cubuf_ipc_import_options_t)CUBUF_IPC_IMPORT_OPTIONS_INIT;
+    o.device = 4096;
+    T_STATUS(cubuf_buffer_from_ipc_descriptor(NULL, &o, d, 0, &b), CUBUF_ERROR_OUT_OF_RANGE);
+    cubuf_ipc_descriptor_destroy(d);
+    cubuf_buffer_release(view);
+    T_OK(cubuf_buffer_close(buf));
+    T_STATUS(cubuf_buffer_ipc_descriptor(buf, &d), CUBUF_ERROR_CLOSED);
+    cubuf_buffer_release(buf);
+    cubuf_buffer_release(empty);
+    /* a resource that cannot share */
+    cubuf_resource_t *plain = NULL;
+    T_OK(cubuf_device_resource_create(0, NULL, &plain));
+    T_OK(cubuf_resource_allocate(plain, PEER_MIB, CU_STREAM_LEGACY, &buf));
+    T_STATUS(cubuf_buffer_ipc_descriptor(buf, &d), CUBUF_ERROR_NOT_SUPPORTED);
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(plain);
+    cubuf_resource_release(res);
+    cubuf__drv.cuCtxSynchronize();
+    (void)me;
+}
+
+/* Skips (exit 77) when the device cannot share memory by mechanism m. */
+static inline void suite_require(peer_mech_t m)
+{
+    cubuf_resource_t *res = NULL;
+    cubuf_status_t st = peer_resource(m, &res);
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        printf("SKIP: %s IPC is not supported here: %s\n", peer_mech_name(m), cubuf_last_error());
+        exit(T_SKIP);
+    }
+    T_REQUIRE(st);
+    cubuf_resource_release(res);
+}
+
+#endif

@@ -1,0 +1,40 @@
+/* Sharing stream-ordered pool memory (device and pinned pools) with another
+ * process started with fork+exec: data both ways from 2 MiB to 1 GiB and
+ * through a slice at an odd offset, duplicate imports over one pool import,
+ * import failures at every driver call, descriptors that lie, either side
+ * exiting or being killed first, fds and memory back to their baselines. */
+#include "helper_ipc_suite.h"
+
+static void run(peer_t *me, helper_t *h, peer_mech_t m)
+{
+    printf("%s\n", peer_mech_name(m));
+    suite_arguments(me, m);
+    suite_transfer(me, h, m, 2 * PEER_MIB, 0, 0, 0, false); /* warm-up */
+    suite_transfer(me, h, m, 2 * PEER_MIB, 0, 0, 0, true);
+    suite_transfer(me, h, m, 64 * PEER_MIB + 4096, 5 * PEER_MIB + 12, 3 * PEER_MIB + 100, 0, true);
+    suite_transfer(me, h, m, PEER_GIB, 0, 0, 0, true);
+    suite_duplicate(me, h, m);
+    suite_faults(me, h, m, 0);
+    suite_malformed(me, h, m);
+    suite_exporter_exits(me, h, m);
+    suite_importer_exits(me, h, m, false);
+    suite_importer_exits(me, h, m, true);
+    suite_exporter_killed(me, h, m);
+}
+
+int main(void)
+{
+    t_require_gpu();
+    peer_t me;
+    T_REQUIRE(peer_init(&me, -1));
+    suite_require(PEER_POOL_DEVICE);
+    suite_require(PEER_POOL_PINNED);
+    int fds0 = peer_fd_count();
+    helper_t h = helper_start();
+    run(&me, &h, PEER_POOL_DEVICE);
+    run(&me, &h, PEER_POOL_PINNED);
+    helper_stop(&h);
+    cubuf_context_destroy(me.ctx);
+    T_CHECK(peer_fd_count() <= fds0 + 8); /* the driver's own files aside: nothing per import */
+    return t_finish("test_ipc_pool");
+}

@@ -1,0 +1,518 @@
+/* The synchronous resources: managed memory (preferred locations, prefetch),
+ * legacy pinned host memory and cuMemAlloc device memory. Data written and
+ * read back, exact statistics, closes refused on capturing streams without
+ * breaking the capture, and every driver call of each allocate path failed
+ * in turn. */
+#include <stdint.h>
+
+#include "internal.h"
+#include "test.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+static CUcontext g_ctx;
+static CUdevice g_dev;
+static CUstream g_s;
+
+#define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
+    do {                                                                                      \
+        cubuf_resource_stats_t s_ = {0};                                                      \
+        T_OK(cubuf_resource_stats((res), &s_));                                               \
+        if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
+            s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
+            s_.total_allocations != (uint64_t)(tot)) {                                        \
+            fprintf(stderr,                                                                   \
+                    "%s:%d: stats %zu/%zu bytes, %zu/%zu count, %llu total; expected "        \
+                    "%zu/%zu, %zu/%zu, %llu\n",                                               \
+                    __FILE__, __LINE__, s_.current_bytes, s_.peak_bytes, s_.current_count,    \
+                    s_.peak_count, (unsigned long long)s_.total_allocations, (size_t)(cur),   \
+                    (size_t)(peak), (size_t)(cnt), (size_t)(pcnt), (unsigned long long)(tot)); \
+            t_failures++;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static unsigned char pattern(size_t i) { return (unsigned char)(i * 31 + 7); }
+
+static CUcontext current(void)
+{
+    CUcontext c = NULL;
+    T_CU(cuCtxGetCurrent, &c);
+    return c;
+}
+
+static unsigned long total_calls(void)
+{
+    unsigned long n = 0;
+    for (int i = 0; i < CUBUF_DRV_COUNT; i++) n += cubuf_fault_calls(cubuf__drv_name((cubuf_drv_id_t)i));
+    return n;
+}
+
+static size_t settled_free(void)
+{
+    T_CU(cuCtxSynchronize);
+    return t_free_device_memory();
+}
+
+/* During a failed operation every handle the driver gave out was given back:
+ * primary context retains, pools and allocations (counted calls; the
+ * injected failure is the one call that did not happen). */
+static long succeeded(const char *const *names, const char *fired)
+{
+    long n = 0;
+    for (; *names; names++) n += (long)cubuf_fault_calls(*names) - (strcmp(fired, *names) == 0);
+    return n;
+}
+
+static void check_balanced(const char *what, unsigned nth, const char *fired)
+{
+    static const char *const retains[] = {"cuDevicePrimaryCtxRetain", NULL};
+    static const char *const releases[] = {"cuDevicePrimaryCtxRelease", NULL};
+    static const char *const creates[] = {"cuMemPoolCreate", NULL};
+    static const char *const destroys[] = {"cuMemPoolDestroy", NULL};
+    static const char *const allocs[] = {"cuMemAlloc", "cuMemAllocManaged", "cuMemHostAlloc",
+                                         "cuMemAllocHost", "cuMemAllocFromPoolAsync",
+                                         "cuMemAllocAsync", NULL};
+    static const char *const frees[] = {"cuMemFree", "cuMemFreeHost", "cuMemFreeAsync", NULL};
+    if (succeeded(retains, fired) != succeeded(releases, fired) ||
+        succeeded(creates, fired) != succeeded(destroys, fired) ||
+        succeeded(allocs, fired) != succeeded(frees, fired)) {
+        fprintf(stderr, "%s: failing call %u (%s) leaked: %ld/%ld retains/releases, %ld/%ld pools "
+                "created/destroyed, %ld/%ld allocations/frees\n",
+                what, nth, fired, succeeded(retains, fired), succeeded(releases, fired),
+                succeeded(creates, fired), succeeded(destroys, fired), succeeded(allocs, fired),
+                succeeded(frees, fired));
+        t_failures++;
+    }
+}
+
+/* Device memory: a device fill over the whole range read back at three
+ * places, then a host pattern through the last page. */
+static void check_device_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char w[4096], r[4096];
+    T_CU(cuStreamSynchronize, s);
+    if (n > m) {
+        T_CU(cuMemsetD8Async, p, 0x5a, n, s);
+        T_CU(cuStreamSynchronize, s);
+        size_t offs[3] = {0, (n / 2) & ~(size_t)4095, n - m};
+        for (int k = 0; k < 3; k++) {
+            memset(r, 0, m);
+            T_CU(cuMemcpyDtoH, r, p + offs[k], m);
+            size_t bad = 0;
+            for (size_t i = 0; i < m; i++) bad += r[i] != 0x5a;
+            T_CHECK(bad == 0);
+        }
+    }
+    for (size_t i = 0; i < m; i++) w[i] = pattern(i);
+    T_CU(cuMemcpyHtoD, p + n - m, w, m);
+    memset(r, 0, m);
+    T_CU(cuMemcpyDtoH, r, p + n - m, m);
+    T_CHECK(memcmp(w, r, m) == 0);
+}
+
+/* Host-accessible memory: the host writes the first and last page through
+ * the pointer and the device reads them (a copy into device memory); then
+ * the device fills the whole range and the host reads it. */
+static void check_host_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char *h = (unsigned char *)(uintptr_t)p;
+    unsigned char r[2 * 4096];
+    T_CU(cuStreamSynchronize, s);
+    memset(h, 0x3c, m);
+    for (size_t i = 0; i < m; i++) h[n - m + i] = pattern(i);
+    CUdeviceptr scratch = 0;
+    T_CU(cuMemAlloc, &scratch, 2 * m);
+    T_CU(cuMemcpyAsync, scratch, p, m, s);
+    T_CU(cuMemcpyAsync, scratch + m, p + n - m, m, s);
+    T_CU(cuStreamSynchronize, s);
+    T_CU(cuMemcpyDtoH, r, scratch, 2 * m);
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++) {
+        unsigned char want = i >= n - m ? pattern(i - (n - m)) : 0x3c;
+        bad += r[i] != want;
+        bad += r[m + i] != pattern(i);
+    }
+    T_CHECK(bad == 0);
+    T_CU(cuMemFree, scratch);
+    T_CU(cuMemsetD8Async, p, 0xc3, n, s);
+    T_CU(cuStreamSynchronize, s);
+    bad = 0;
+    /* Large managed ranges: a thousand samples, not a migration of every page. */
+    size_t step = n > MiB ? n / 1021 : 1;
+    for (size_t i = 0; i < n; i += step) bad += h[i] != 0xc3;
+    bad += h[n - 1] != 0xc3;
+    T_CHECK(bad == 0);
+}
+
+/* Allocates each size from a fresh resource, checks data and exact stats,
+ * closes. */
+static void exercise(cubuf_resource_t *res, const size_t *sizes, int count, bool host, bool managed)
+{
+    T_STATS(res, 0, 0, 0, 0, 0);
+    cubuf_buffer_t *b[4] = {NULL};
+    size_t sum = 0, live = 0;
+    for (int i = 0; i < count; i++) {
+        T_REQUIRE(cubuf_resource_allocate(res, sizes[i], g_s, &b[i]));
+        T_CHECK(cubuf_buffer_size(b[i]) == sizes[i]);
+        T_CHECK((cubuf_buffer_ptr(b[i]) == 0) == (sizes[i] == 0));
+        T_CHECK(cubuf_buffer_is_device_accessible(b[i]));
+        T_CHECK(cubuf_buffer_is_host_accessible(b[i]) == host);
+        T_CHECK(cubuf_buffer_is_managed(b[i]) == managed);
+        sum += sizes[i];
+        live += sizes[i] != 0;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!sizes[i]) continue;
+        if (host) check_host_rw(cubuf_buffer_ptr(b[i]), sizes[i], g_s);
+        else check_device_rw(cubuf_buffer_ptr(b[i]), sizes[i], g_s);
+    }
+    T_STATS(res, sum, sum, live, live, live);
+    for (int i = 0; i < count; i++) {
+        T_OK(cubuf_buffer_close(b[i]));
+        T_CHECK(cubuf_buffer_is_closed(b[i]) && cubuf_buffer_ptr(b[i]) == 0);
+        cubuf_buffer_release(b[i]);
+    }
+    T_STATS(res, 0, sum, 0, live, live);
+}
+
+static void check_props(cubuf_resource_t *res, int device_id, bool host, bool managed)
+{
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(res, &p));
+    T_CHECK(p.device_id == device_id);
+    T_CHECK(p.device_accessible);
+    T_CHECK(p.host_accessible == host);
+    T_CHECK(p.managed == managed);
+    T_CHECK(!p.ipc_enabled);
+}
+
+/* Fails each driver call of an allocation in turn. */
+static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, bool check_memory)
+{
+    CUcontext before = current();
+    T_CU(cuCtxSetCurrent, g_ctx);
+    size_t base = settled_free();
+    T_CU(cuCtxSetCurrent, before);
+    cubuf_resource_stats_t st0;
+    T_OK(cubuf_resource_stats(r, &st0));
+    for (unsigned n = 1; n < 100; n++) {
+        cubuf_buffer_t *b = NULL;
+        cubuf_fault_count_calls(true);
+        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t st = cubuf_resource_allocate(r, MiB, s, &b);
+        bool fired = cubuf_fault_fired();
+        if (fired) check_balanced(name, n, cubuf_fault_fired_name());
+        cubuf_fault_reset();
+        cubuf_fault_count_calls(false);
+        T_CHECK(current() == before);
+        if (fired && check_memory) {
+            T_CU(cuCtxSetCurrent, g_ctx);
+            T_CHECK(settled_free() == base);
+            T_CU(cuCtxSetCurrent, before);
+        }
+        if (!fired) {
+            T_OK(st);
+            T_CHECK(cubuf_buffer_ptr(b) != 0);
+            T_OK(cubuf_buffer_close(b));
+            cubuf_buffer_release(b);
+            T_STATS(r, 0, st0.peak_bytes > MiB ? st0.peak_bytes : MiB, 0,
+                    st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
+            T_CU(cuCtxSetCurrent, g_ctx);
+            if (check_memory) T_CHECK(settled_free() == base);
+            T_CU(cuCtxSetCurrent, before);
+            return;
+        }
+        T_CHECK(st != CUBUF_SUCCESS && b == NULL);
+        T_STATS(r, 0, st0.peak_bytes, 0, st0.peak_count, st0.total_allocations);
+    }
+    fprintf(stderr, "%s: allocation never succeeded\n", name);
+    t_failures++;
+}
+
+/* Closing synchronizes the deallocation stream: on a capturing stream (or the
+ * legacy stream a capture depends on) it is refused before anything happens,
+ * the buffer stays open and the capture stays valid. A failed
+ * synchronization or free also leaves the buffer open. */
+static void close_rules(cubuf_resource_t *r, const char *free_call)
+{
+    cubuf_resource_stats_t st0;
+    T_OK(cubuf_resource_stats(r, &st0));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(r, 4096, g_s, &b));
+    T_CU(cuStreamSynchronize, g_s);
+
+    CUstream cs, blocking;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    T_STATUS(cubuf_buffer_close_on(b, cs), CUBUF_ERROR_STREAM_CAPTURING);
+    T_CHECK(!cubuf_buffer_is_closed(b) && cubuf_buffer_ptr(b) != 0);
+    CUgraph g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g);
+    T_CHECK(g != NULL);
+    if (g) T_CU(cuGraphDestroy, g);
+
+    T_CU(cuStreamCreate, &blocking, CU_STREAM_DEFAULT);
+    T_CU(cuStreamBeginCapture, blocking, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_STATUS(cubuf_buffer_close_on(b, CU_STREAM_LEGACY), CUBUF_ERROR_STREAM_CAPTURING);
+    T_CHECK(!cubuf_buffer_is_closed(b));
+    g = NULL;
+    T_CU(cuStreamEndCapture, blocking, &g);
+    T_CHECK(g != NULL);
+    if (g) T_CU(cuGraphDestroy, g);
+
+    T_CHECK(cubuf_fault_fail_nth("cuStreamSynchronize", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_buffer_close_on(b, g_s), CUBUF_ERROR_DRIVER);
+    cubuf_fault_reset();
+    T_CHECK(!cubuf_buffer_is_closed(b));
+    T_CHECK(cubuf_fault_fail_nth(free_call, 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_buffer_close_on(b, g_s), CUBUF_ERROR_DRIVER);
+    cubuf_fault_reset();
+    T_CHECK(!cubuf_buffer_is_closed(b));
+    T_STATS(r, 4096, st0.peak_bytes > 4096 ? st0.peak_bytes : 4096, 1,
+            st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
+
+    /* No current context: the free runs in the resource's context. */
+    T_CU(cuCtxSetCurrent, NULL);
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(current() == NULL);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    T_CHECK(cubuf_buffer_is_closed(b));
+    cubuf_buffer_release(b);
+    T_STATS(r, 0, st0.peak_bytes > 4096 ? st0.peak_bytes : 4096, 0,
+            st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
+    T_CU(cuStreamDestroy, cs);
+    T_CU(cuStreamDestroy, blocking);
+}
+
+static int range_attr(CUdeviceptr p, size_t n, CUmem_range_attribute attr)
+{
+    int v = 12345;
+    T_CU(cuMemRangeGetAttribute, &v, sizeof v, attr, p, n);
+    return v;
+}
+
+static void test_managed(void)
+{
+    int count = 0;
+    T_REQUIRE(cubuf_device_count(&count));
+    cubuf_resource_t *r = NULL;
+    T_STATUS(cubuf_managed_resource_create(0, -2, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_managed_resource_create(0, -3, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_STATUS(cubuf_managed_resource_create(0, count, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_CHECK(strstr(cubuf_last_error(), "preferred_location") != NULL);
+    T_STATUS(cubuf_managed_resource_create(-1, -2, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_STATUS(cubuf_managed_resource_create(count, -2, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_CHECK(r == NULL);
+
+    size_t total = 0;
+    T_CU(cuDeviceTotalMem, &total, g_dev);
+    size_t sizes[4] = {0, 1, 1000, GiB};
+    const int prefs[3] = {-2, -1, 0};
+    for (int k = 0; k < 3; k++) {
+        int pref = prefs[k];
+        T_REQUIRE(cubuf_managed_resource_create(0, pref, &r));
+        check_props(r, 0, true, true);
+        /* 1 GiB only where it is prefetched to a card with room to spare. */
+        int n = pref == 0 && total >= 8 * GiB ? 4 : 3;
+        size_t base = settled_free();
+        exercise(r, sizes, n, true, true);
+        T_CHECK(settled_free() == base);
+
+        /* The advice and the prefetch really happened. */
+        cubuf_buffer_t *b = NULL;
+        T_REQUIRE(cubuf_resource_allocate(r, 2 * MiB, g_s, &b));
+        T_CU(cuStreamSynchronize, g_s);
+        CUdeviceptr p = cubuf_buffer_ptr(b);
+        int want = pref == -2 ? (int)CU_DEVICE_INVALID : pref == -1 ? (int)CU_DEVICE_CPU : pref;
+        T_CHECK(range_attr(p, 2 * MiB, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION) == want);
+        if (pref == 0)
+            T_CHECK(range_attr(p, 2 * MiB, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION) == 0);
+        unsigned int type = 0;
+        T_CU(cuPointerGetAttribute, &type, CU_POINTER_ATTRIBUTE_IS_MANAGED, p);
+        T_CHECK(type != 0);
+        cubuf_buffer_release(b);
+
+        fault_allocate("managed, user stream", r, g_s, true);
+        T_CU(cuCtxSetCurrent, NULL);
+        fault_allocate("managed, legacy stream, no context", r, CU_STREAM_LEGACY, false);
+        T_CU(cuCtxSetCurrent, g_ctx);
+
+        /* Allocation on a capturing stream is refused; the capture survives. */
+        CUstream cs;
+        T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+        T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        b = NULL;
+        T_STATUS(cubuf_resource_allocate(r, 4096, cs, &b), CUBUF_ERROR_STREAM_CAPTURING);
+        T_CHECK(b == NULL);
+        CUgraph g = NULL;
+        T_CU(cuStreamEndCapture, cs, &g);
+        T_CHECK(g != NULL);
+        if (g) T_CU(cuGraphDestroy, g);
+        T_CU(cuStreamDestroy, cs);
+
+        close_rules(r, "cuMemFree");
+        cubuf_resource_release(r);
+    }
+}
+
+static void test_legacy_pinned(void)
+{
+    int count = 0;
+    T_REQUIRE(cubuf_device_count(&count));
+    cubuf_resource_t *r = NULL;
+    T_STATUS(cubuf_legacy_pinned_resource_create(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_legacy_pinned_resource_create(count, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_REQUIRE(cubuf_legacy_pinned_resource_create(0, &r));
+    check_props(r, -1, true, false);
+
+    /* Size 0: pointer 0 and no driver call at all on a user stream; on a
+     * default stream only the context lookup that records it. */
+    cubuf_buffer_t *b = NULL;
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_resource_allocate(r, 0, g_s, &b));
+    T_CHECK(total_calls() == 0);
+    T_CHECK(cubuf_buffer_ptr(b) == 0 && cubuf_buffer_size(b) == 0 && !cubuf_buffer_is_closed(b));
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(total_calls() == 0);
+    cubuf_buffer_release(b);
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_resource_allocate(r, 0, CU_STREAM_LEGACY, &b));
+    T_CHECK(cubuf_fault_calls("cuMemHostAlloc") == 0 && cubuf_fault_calls("cuMemAllocHost") == 0);
+    T_CHECK(total_calls() == 1);
+    cubuf_buffer_release(b);
+    cubuf_fault_count_calls(false);
+
+    size_t sizes[4] = {0, 1, 1000, GiB};
+    exercise(r, sizes, 4, true, false);
+
+    T_REQUIRE(cubuf_resource_allocate(r, 1000, g_s, &b));
+    T_CHECK(cubuf_buffer_device_id(b) == -1);
+    unsigned int type = 0;
+    T_CU(cuPointerGetAttribute, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, cubuf_buffer_ptr(b));
+    T_CHECK(type == CU_MEMORYTYPE_HOST); /* page-locked, known to the driver */
+    cubuf_buffer_release(b);
+
+    fault_allocate("legacy pinned, user stream", r, g_s, false);
+    T_CU(cuCtxSetCurrent, NULL);
+    fault_allocate("legacy pinned, legacy stream, no context", r, CU_STREAM_LEGACY, false);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    close_rules(r, "cuMemFreeHost");
+    cubuf_resource_release(r);
+}
+
+static void test_sync_device(void)
+{
+    int count = 0;
+    T_REQUIRE(cubuf_device_count(&count));
+    cubuf_resource_t *r = NULL;
+    T_STATUS(cubuf_sync_device_resource_create(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_sync_device_resource_create(-1, &r), CUBUF_ERROR_OUT_OF_RANGE);
+    T_REQUIRE(cubuf_sync_device_resource_create(0, &r));
+    check_props(r, 0, false, false);
+    size_t base = settled_free();
+    size_t sizes[4] = {0, 1, 1000, GiB};
+    exercise(r, sizes, 4, false, false);
+    T_CHECK(settled_free() == base);
+
+    /* cuMemAlloc memory: the kind legacy IPC handles can share. */
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(r, 1000, g_s, &b));
+    T_CHECK(cubuf_buffer_device_id(b) == 0);
+    unsigned long long ipc_capable = 0;
+    T_CU(cuPointerGetAttribute, &ipc_capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+         cubuf_buffer_ptr(b));
+    T_CHECK(ipc_capable != 0);
+    CUdeviceptr base_ptr = 0;
+    size_t range = 0;
+    T_CU(cuMemGetAddressRange, &base_ptr, &range, cubuf_buffer_ptr(b));
+    T_CHECK(base_ptr == cubuf_buffer_ptr(b) && range >= 1000);
+    cubuf_buffer_release(b);
+
+    /* With no current context the allocation runs in the device's context. */
+    T_CU(cuCtxSetCurrent, NULL);
+    T_OK(cubuf_resource_allocate(r, 1000, g_s, &b));
+    T_CHECK(current() == NULL);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    CUcontext owner = NULL;
+    T_CU(cuPointerGetAttribute, &owner, CU_POINTER_ATTRIBUTE_CONTEXT, cubuf_buffer_ptr(b));
+    T_CHECK(owner == g_ctx);
+    cubuf_buffer_release(b);
+
+    fault_allocate("sync device, user stream", r, g_s, true);
+    T_CU(cuCtxSetCurrent, NULL);
+    fault_allocate("sync device, per-thread stream, no context", r, CU_STREAM_PER_THREAD, true);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    close_rules(r, "cuMemFree");
+    cubuf_resource_release(r);
+    T_CHECK(settled_free() == base);
+}
+
+/* Each create path with each driver call failed in turn. */
+static void fault_creates(bool managed)
+{
+    for (int which = managed ? 0 : 1; which < 3; which++) {
+        for (int ctx_current = 1; ctx_current >= 0; ctx_current--) {
+            T_CU(cuCtxSetCurrent, ctx_current ? g_ctx : NULL);
+            for (unsigned n = 1; n < 100; n++) {
+                cubuf_resource_t *r = NULL;
+                cubuf_fault_count_calls(true);
+                cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+                cubuf_status_t st = which == 0   ? cubuf_managed_resource_create(0, 0, &r)
+                                    : which == 1 ? cubuf_legacy_pinned_resource_create(0, &r)
+                                                 : cubuf_sync_device_resource_create(0, &r);
+                bool fired = cubuf_fault_fired();
+                if (fired) check_balanced("create", n, cubuf_fault_fired_name());
+                cubuf_fault_reset();
+                cubuf_fault_count_calls(false);
+                T_CHECK(current() == (ctx_current ? g_ctx : NULL));
+                if (!fired) {
+                    T_OK(st);
+                    cubuf_resource_release(r);
+                    break;
+                }
+                T_CHECK(st != CUBUF_SUCCESS && r == NULL);
+            }
+        }
+    }
+    T_CU(cuCtxSetCurrent, g_ctx);
+}
+
+int main(void)
+{
+    t_require_gpu();
+    cubuf_context_t *ctx = NULL;
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
+    T_CU(cuCtxSetCurrent, g_ctx);
+    T_CU(cuDeviceGet, &g_dev, 0);
+    T_CU(cuStreamCreate, &g_s, CU_STREAM_NON_BLOCKING);
+    int managed = 0;
+    T_CU(cuDeviceGetAttribute, &managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, g_dev);
+    /* Warm up what the driver makes lazily on first use, so the free-memory
+     * checks below see only cubuf's allocations. */
+    CUdeviceptr warm = 0;
+    T_CU(cuMemAlloc, &warm, MiB);
+    T_CU(cuMemFree, warm);
+    if (managed) {
+        T_CU(cuMemAllocManaged, &warm, MiB, CU_MEM_ATTACH_GLOBAL);
+        T_CU(cuMemFree, warm);
+    }
+
+    if (managed) test_managed();
+    else printf("note: device 0 has no managed memory; managed tests skipped\n");
+    test_legacy_pinned();
+    test_sync_device();
+    fault_creates(managed != 0);
+
+    T_CU(cuStreamDestroy, g_s);
+    T_CU(cuCtxSetCurrent, NULL);
+    cubuf_context_destroy(ctx);
+    unsigned flags = 0;
+    int active = 1;
+    T_CU(cuDevicePrimaryCtxGetState, g_dev, &flags, &active);
+    T_CHECK(!active); /* every resource released its retained primary context */
+    return t_finish("test_resource_host");
+}

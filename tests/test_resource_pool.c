@@ -1,0 +1,754 @@
+/* Stream-ordered pool resources: the device pool (default and private), the
+ * pinned host pool and the graph resource. Data is written and read back,
+ * statistics are checked exactly, capture is refused without breaking it,
+ * and every driver call on the create and allocate paths is failed in turn. */
+#include <stdint.h>
+
+#include "internal.h"
+#include "resource_pool.h"
+#include "test.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+static CUcontext g_ctx; /* device 0's primary context, current on the main thread */
+static CUdevice g_dev;
+static CUstream g_s;    /* a non-blocking stream of g_ctx */
+static const size_t k_sizes[] = {0, 1, 1000, GiB};
+
+#define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
+    do {                                                                                      \
+        cubuf_resource_stats_t s_ = {0};                                                      \
+        T_OK(cubuf_resource_stats((res), &s_));                                               \
+        if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
+            s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
+            s_.total_allocations != (uint64_t)(tot)) {                                        \
+            fprintf(stderr,                                                                   \
+                    "%s:%d: stats %zu/%zu bytes, %zu/%zu count, %llu total; expected "        \
+                    "%zu/%zu, %zu/%zu, %llu\n",                                               \
+                    __FILE__, __LINE__, s_.current_bytes, s_.peak_bytes, s_.current_count,    \
+                    s_.peak_count, (unsigned long long)s_.total_allocations, (size_t)(cur),   \
+                    (size_t)(peak), (size_t)(cnt), (size_t)(pcnt), (unsigned long long)(tot)); \
+            t_failures++;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static unsigned char pattern(size_t i) { return (unsigned char)(i * 31 + 7); }
+
+static CUmemoryPool default_pool(void)
+{
+    CUmemoryPool p = NULL;
+    T_CU(cuDeviceGetDefaultMemPool, &p, g_dev);
+    return p;
+}
+
+static cuuint64_t threshold(CUmemoryPool pool)
+{
+    cuuint64_t v = 0;
+    T_CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+    return v;
+}
+
+/* Free device memory once all work is done and the pool kept nothing. */
+static size_t settled_free(CUmemoryPool pool)
+{
+    T_CU(cuCtxSynchronize);
+    if (pool) T_CU(cuMemPoolTrimTo, pool, 0);
+    return t_free_device_memory();
+}
+
+static CUcontext current(void)
+{
+    CUcontext c = NULL;
+    T_CU(cuCtxGetCurrent, &c);
+    return c;
+}
+
+static unsigned long total_calls(void)
+{
+    unsigned long n = 0;
+    for (int i = 0; i < CUBUF_DRV_COUNT; i++) n += cubuf_fault_calls(cubuf__drv_name((cubuf_drv_id_t)i));
+    return n;
+}
+
+/* During a failed operation every handle the driver gave out was given back:
+ * primary context retains, pools and allocations (counted calls; the
+ * injected failure is the one call that did not happen). */
+static long succeeded(const char *const *names, const char *fired)
+{
+    long n = 0;
+    for (; *names; names++) n += (long)cubuf_fault_calls(*names) - (strcmp(fired, *names) == 0);
+    return n;
+}
+
+static void check_balanced(const char *what, unsigned nth, const char *fired)
+{
+    static const char *const retains[] = {"cuDevicePrimaryCtxRetain", NULL};
+    static const char *const releases[] = {"cuDevicePrimaryCtxRelease", NULL};
+    static const char *const creates[] = {"cuMemPoolCreate", NULL};
+    static const char *const destroys[] = {"cuMemPoolDestroy", NULL};
+    static const char *const allocs[] = {"cuMemAlloc", "cuMemAllocManaged", "cuMemHostAlloc",
+                                         "cuMemAllocHost", "cuMemAllocFromPoolAsync",
+                                         "cuMemAllocAsync", NULL};
+    static const char *const frees[] = {"cuMemFree", "cuMemFreeHost", "cuMemFreeAsync", NULL};
+    if (succeeded(retains, fired) != succeeded(releases, fired) ||
+        succeeded(creates, fired) != succeeded(destroys, fired) ||
+        succeeded(allocs, fired) != succeeded(frees, fired)) {
+        fprintf(stderr, "%s: failing call %u (%s) leaked: %ld/%ld retains/releases, %ld/%ld pools "
+                "created/destroyed, %ld/%ld allocations/frees\n",
+                what, nth, fired, succeeded(retains, fired), succeeded(releases, fired),
+                succeeded(creates, fired), succeeded(destroys, fired), succeeded(allocs, fired),
+                succeeded(frees, fired));
+        t_failures++;
+    }
+}
+
+/* Device memory: a device-side fill over the whole range read back at three
+ * places, then a host pattern through the last page. */
+static void check_device_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char w[4096], r[4096];
+    T_CU(cuStreamSynchronize, s); /* the allocation has completed */
+    if (n > m) {
+        T_CU(cuMemsetD8Async, p, 0x5a, n, s);
+        T_CU(cuStreamSynchronize, s);
+        size_t offs[3] = {0, (n / 2) & ~(size_t)4095, n - m};
+        for (int k = 0; k < 3; k++) {
+            memset(r, 0, m);
+            T_CU(cuMemcpyDtoH, r, p + offs[k], m);
+            size_t bad = 0;
+            for (size_t i = 0; i < m; i++) bad += r[i] != 0x5a;
+            T_CHECK(bad == 0);
+        }
+    }
+    for (size_t i = 0; i < m; i++) w[i] = pattern(i);
+    T_CU(cuMemcpyHtoD, p + n - m, w, m);
+    memset(r, 0, m);
+    T_CU(cuMemcpyDtoH, r, p + n - m, m);
+    T_CHECK(memcmp(w, r, m) == 0);
+}
+
+/* Host-accessible memory: the host writes through the pointer and the device
+ * reads (copies into device memory); the device fills and the host reads. */
+static void check_host_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char *h = (unsigned char *)(uintptr_t)p;
+    unsigned char r[2 * 4096];
+    T_CU(cuStreamSynchronize, s);
+    memset(h, 0x3c, n);
+    for (size_t i = 0; i < m; i++) h[n - m + i] = pattern(i);
+    CUdeviceptr scratch = 0;
+    T_CU(cuMemAlloc, &scratch, 2 * m);
+    T_CU(cuMemcpyAsync, scratch, p, m, s);
+    T_CU(cuMemcpyAsync, scratch + m, p + n - m, m, s);
+    T_CU(cuStreamSynchronize, s);
+    T_CU(cuMemcpyDtoH, r, scratch, 2 * m);
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++) {
+        size_t x = i; /* absolute offset of r[i] */
+        unsigned char want = x >= n - m ? pattern(x - (n - m)) : 0x3c;
+        bad += r[i] != want;
+        bad += r[m + i] != pattern(i);
+    }
+    T_CHECK(bad == 0);
+    T_CU(cuMemFree, scratch);
+    T_CU(cuMemsetD8Async, p, 0xc3, n, s);
+    T_CU(cuStreamSynchronize, s);
+    bad = 0;
+    size_t step = n > MiB ? 4093 : 1;
+    for (size_t i = 0; i < n; i += step) bad += h[i] != 0xc3;
+    bad += h[n - 1] != 0xc3;
+    T_CHECK(bad == 0);
+}
+
+/* Sizes 0, 1, 1000 and 1 GiB from a fresh resource: data and exact stats. */
+static void exercise_sizes(cubuf_resource_t *res, CUstream s, bool host)
+{
+    T_STATS(res, 0, 0, 0, 0, 0);
+    cubuf_buffer_t *b[4] = {NULL};
+    size_t sum = 0;
+    for (int i = 0; i < 4; i++) {
+        T_REQUIRE(cubuf_resource_allocate(res, k_sizes[i], s, &b[i]));
+        T_CHECK(!cubuf_buffer_is_closed(b[i]));
+        T_CHECK(cubuf_buffer_size(b[i]) == k_sizes[i]);
+        T_CHECK((cubuf_buffer_ptr(b[i]) == 0) == (k_sizes[i] == 0));
+        T_CHECK(cubuf_buffer_resource(b[i]) == res);
+        T_CHECK(cubuf_buffer_is_device_accessible(b[i]));
+        T_CHECK(cubuf_buffer_is_host_accessible(b[i]) == host);
+        T_CHECK(!cubuf_buffer_is_managed(b[i]));
+        sum += k_sizes[i];
+    }
+    for (int i = 1; i < 4; i++) {
+        /* The memory comes from the resource's own pool. */
+        CUmemoryPool from = NULL;
+        T_CU(cuPointerGetAttribute, &from, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, cubuf_buffer_ptr(b[i]));
+        T_CHECK(from == cubuf__pool_handle(res));
+        if (host) check_host_rw(cubuf_buffer_ptr(b[i]), k_sizes[i], s);
+        else check_device_rw(cubuf_buffer_ptr(b[i]), k_sizes[i], s);
+    }
+    /* Size 0 is an open buffer that counts nowhere. */
+    T_STATS(res, sum, sum, 3, 3, 3);
+    T_OK(cubuf_buffer_close(b[2]));
+    T_CHECK(cubuf_buffer_is_closed(b[2]) && cubuf_buffer_ptr(b[2]) == 0 && cubuf_buffer_size(b[2]) == 0);
+    T_STATS(res, sum - 1000, sum, 2, 3, 3);
+    for (int i = 0; i < 4; i++) {
+        T_OK(cubuf_buffer_close(b[i]));
+        cubuf_buffer_release(b[i]);
+    }
+    T_STATS(res, 0, sum, 0, 3, 3);
+    T_CU(cuCtxSynchronize);
+}
+
+static void check_props(cubuf_resource_t *res, int device_id, bool host, bool ipc)
+{
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(res, &p));
+    T_CHECK(p.device_id == device_id);
+    T_CHECK(p.device_accessible);
+    T_CHECK(p.host_accessible == host);
+    T_CHECK(!p.managed);
+    T_CHECK(p.ipc_enabled == ipc);
+}
+
+static void test_validation(void)
+{
+    int n = 0;
+    T_REQUIRE(cubuf_device_count(&n));
+    cubuf_resource_t *r = NULL;
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    T_STATUS(cubuf_device_resource_create(0, NULL, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_pinned_resource_create(0, false, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_graph_resource_create(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    o.struct_size = 0;
+    T_STATUS(cubuf_device_resource_create(0, &o, &r), CUBUF_ERROR_INVALID_ARGUMENT);
+    o = (cubuf_device_resource_options_t)CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.max_size = 64 * MiB; /* only with a private pool */
+    T_STATUS(cubuf_device_resource_create(0, &o, &r), CUBUF_ERROR_INVALID_ARGUMENT);
+    o = (cubuf_device_resource_options_t)CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.ipc_enabled = true;
+    T_STATUS(cubuf_device_resource_create(0, &o, &r), CUBUF_ERROR_INVALID_ARGUMENT);
+    int bad[2] = {-1, n};
+    for (int i = 0; i < 2; i++) {
+        T_STATUS(cubuf_device_resource_create(bad[i], NULL, &r), CUBUF_ERROR_OUT_OF_RANGE);
+        T_CHECK(strstr(cubuf_last_error(), "0 to") != NULL);
+        T_STATUS(cubuf_pinned_resource_create(bad[i], false, &r), CUBUF_ERROR_OUT_OF_RANGE);
+        T_STATUS(cubuf_graph_resource_create(bad[i], &r), CUBUF_ERROR_OUT_OF_RANGE);
+    }
+    T_CHECK(r == NULL);
+    T_CHECK(cubuf__pool_handle(NULL) == NULL);
+}
+
+static void test_default_pool(void)
+{
+    CUmemoryPool dp = default_pool();
+    cubuf_resource_t *r = NULL;
+    /* The threshold is raised to what is asked... */
+    cuuint64_t before = threshold(dp);
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.release_threshold = 64 * MiB;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    T_CHECK(threshold(dp) == (before > 64 * MiB ? before : 64 * MiB));
+    cubuf_resource_release(r);
+    /* ...to everything by default... */
+    T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
+    T_CHECK(threshold(dp) == UINT64_MAX);
+    T_CHECK(cubuf__pool_handle(r) == dp);
+    check_props(r, 0, false, false);
+    /* ...and never lowered: the pool is shared. */
+    cubuf_resource_t *r2 = NULL;
+    o.release_threshold = MiB;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r2));
+    T_CHECK(threshold(dp) == UINT64_MAX);
+    cubuf_resource_release(r2);
+
+    size_t base = settled_free(dp);
+    exercise_sizes(r, g_s, false);
+    T_CHECK(settled_free(dp) == base);
+
+    /* A default stream with no current context runs in the resource's
+     * context, and the caller's (absent) context is restored. */
+    T_CU(cuCtxSetCurrent, NULL);
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(r, 1000, CU_STREAM_LEGACY, &b));
+    T_CHECK(current() == NULL);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    T_CHECK(b && b->dealloc.ctx == g_ctx);
+    check_device_rw(cubuf_buffer_ptr(b), 1000, CU_STREAM_LEGACY);
+    T_CU(cuCtxSetCurrent, NULL);
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(current() == NULL);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    cubuf_buffer_release(b);
+
+    /* The hot path: a user stream costs the capture query and the
+     * allocation; the free is one call. A default stream adds a
+     * cuCtxGetCurrent (recording it, then checking the context) and no push
+     * when the context is already current. */
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_resource_allocate(r, 4096, g_s, &b));
+    T_CHECK(cubuf_fault_calls("cuStreamIsCapturing") == 1);
+    T_CHECK(cubuf_fault_calls("cuMemAllocFromPoolAsync") == 1);
+    T_CHECK(total_calls() == 2);
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(cubuf_fault_calls("cuMemFreeAsync") == 1);
+    T_CHECK(total_calls() == 1);
+    cubuf_buffer_release(b);
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_resource_allocate(r, 4096, CU_STREAM_PER_THREAD, &b));
+    T_CHECK(cubuf_fault_calls("cuCtxPushCurrent") == 0);
+    T_CHECK(total_calls() == 4);
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(cubuf_fault_calls("cuCtxPushCurrent") == 0);
+    T_CHECK(total_calls() == 2);
+    cubuf_fault_count_calls(false);
+    cubuf_buffer_release(b);
+
+    /* A failed free leaves the buffer open and counted; a second close works. */
+    T_REQUIRE(cubuf_resource_allocate(r, 4096, g_s, &b));
+    T_CHECK(cubuf_fault_fail_nth("cuMemFreeAsync", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_buffer_close(b), CUBUF_ERROR_DRIVER);
+    cubuf_fault_reset();
+    T_CHECK(!cubuf_buffer_is_closed(b) && cubuf_buffer_ptr(b) != 0);
+    T_STATS(r, 4096, GiB + 1001, 1, 3, 7);
+    T_OK(cubuf_buffer_close(b));
+    T_STATS(r, 0, GiB + 1001, 0, 3, 7);
+    cubuf_buffer_release(b);
+    cubuf_resource_release(r);
+    T_CHECK(settled_free(dp) == base);
+}
+
+static void test_private_pool(void)
+{
+    CUmemoryPool dp = default_pool();
+    size_t base = settled_free(dp);
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    CUmemoryPool pool = cubuf__pool_handle(r);
+    T_CHECK(pool != NULL && pool != dp);
+    T_CHECK(threshold(pool) == UINT64_MAX);
+    check_props(r, 0, false, false);
+    exercise_sizes(r, g_s, false);
+    cubuf_resource_release(r); /* destroys the pool */
+    T_CHECK(settled_free(dp) == base);
+
+    /* A private pool's threshold is set exactly. */
+    o.release_threshold = 3 * MiB;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    T_CHECK(threshold(cubuf__pool_handle(r)) == 3 * MiB);
+    cubuf_resource_release(r);
+
+    /* IPC-enabled private pool, where the device can export pools. */
+    o = (cubuf_device_resource_options_t)CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.ipc_enabled = true;
+    cubuf_status_t st = cubuf_device_resource_create(0, &o, &r);
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        printf("note: IPC pools not supported here: %s\n", cubuf_last_error());
+    } else {
+        T_OK(st);
+        check_props(r, 0, false, true);
+        cubuf_buffer_t *b = NULL;
+        T_OK(cubuf_resource_allocate(r, MiB, g_s, &b));
+        check_device_rw(cubuf_buffer_ptr(b), MiB, g_s);
+        T_OK(cubuf_buffer_close(b));
+        cubuf_buffer_release(b);
+        cubuf_resource_release(r);
+    }
+    T_CHECK(settled_free(dp) == base);
+}
+
+static void test_max_size(void)
+{
+    CUmemoryPool dp = default_pool();
+    size_t base = settled_free(dp);
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.max_size = 64 * MiB;
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    cubuf_buffer_t *a = NULL, *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(r, 40 * MiB, g_s, &a));
+    check_device_rw(cubuf_buffer_ptr(a), 40 * MiB, g_s);
+    T_STATUS(cubuf_resource_allocate(r, 40 * MiB, g_s, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(b == NULL);
+    T_STATS(r, 40 * MiB, 40 * MiB, 1, 1, 1);
+    T_OK(cubuf_buffer_close(a));
+    cubuf_buffer_release(a);
+    T_STATUS(cubuf_resource_allocate(r, 128 * MiB, g_s, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(b == NULL);
+    T_STATS(r, 0, 40 * MiB, 0, 1, 1);
+    T_REQUIRE(cubuf_resource_allocate(r, 32 * MiB, g_s, &b)); /* still usable */
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    cubuf_resource_release(r);
+    T_CHECK(settled_free(dp) == base);
+}
+
+/* Allocating on a capturing stream is refused before anything is captured;
+ * closing on one is refused and leaves the buffer open. */
+static void test_capture_refused(cubuf_resource_t *r)
+{
+    cubuf_resource_stats_t st0;
+    T_OK(cubuf_resource_stats(r, &st0));
+    CUstream cs;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    cubuf_buffer_t *b = NULL;
+    T_STATUS(cubuf_resource_allocate(r, 1000, cs, &b), CUBUF_ERROR_STREAM_CAPTURING);
+    T_CHECK(b == NULL);
+    T_CHECK(strstr(cubuf_last_error(), "graph") != NULL);
+    T_STATS(r, st0.current_bytes, st0.peak_bytes, st0.current_count, st0.peak_count,
+            st0.total_allocations);
+    CUgraph g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g); /* the capture is still valid */
+    T_CHECK(g != NULL);
+    if (g) T_CU(cuGraphDestroy, g);
+
+    T_REQUIRE(cubuf_resource_allocate(r, 1000, g_s, &b));
+    T_CU(cuStreamSynchronize, g_s);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    T_STATUS(cubuf_buffer_close_on(b, cs), CUBUF_ERROR_STREAM_CAPTURING);
+    T_CHECK(!cubuf_buffer_is_closed(b) && cubuf_buffer_ptr(b) != 0);
+    g = NULL;
+    (void)cubuf__drv.cuStreamEndCapture(cs, &g); /* the driver may have invalidated it */
+    if (g) T_CU(cuGraphDestroy, g);
+    T_OK(cubuf_buffer_close_on(b, g_s));
+    T_CHECK(cubuf_buffer_is_closed(b));
+    cubuf_buffer_release(b);
+    T_STATS(r, st0.current_bytes, st0.peak_bytes > 1000 ? st0.peak_bytes : 1000, st0.current_count,
+            st0.peak_count > 1 ? st0.peak_count : 1, st0.total_allocations + 1);
+    T_CU(cuStreamDestroy, cs);
+}
+
+static void test_pinned(void)
+{
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_pinned_resource_create(0, false, &r));
+    check_props(r, -1, true, false);
+    CUmemoryPool pool = cubuf__pool_handle(r);
+    T_CHECK(pool != NULL && pool != default_pool());
+    /* The device was granted read-write access: copies run at full speed. */
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    T_CU(cuMemPoolGetAccess, &flags, pool, &loc);
+    T_CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    T_CHECK(threshold(pool) == UINT64_MAX);
+    exercise_sizes(r, g_s, true);
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(r, 1000, g_s, &b));
+    T_CHECK(cubuf_buffer_device_id(b) == -1);
+    cubuf_buffer_release(b); /* the last release closes it */
+    T_STATS(r, 0, GiB + 1001, 0, 3, 4);
+    test_capture_refused(r);
+    cubuf_resource_release(r);
+
+    cubuf_status_t st = cubuf_pinned_resource_create(0, true, &r);
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        printf("note: IPC pinned pools not supported here: %s\n", cubuf_last_error());
+        return;
+    }
+    T_OK(st);
+    check_props(r, -1, true, true);
+    T_CU(cuMemPoolGetAccess, &flags, cubuf__pool_handle(r), &loc);
+    T_CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    T_OK(cubuf_resource_allocate(r, MiB, g_s, &b));
+    check_host_rw(cubuf_buffer_ptr(b), MiB, g_s);
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    cubuf_resource_release(r);
+}
+
+static void test_graph(void)
+{
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_graph_resource_create(0, &r));
+    check_props(r, 0, false, false);
+    T_CHECK(cubuf__pool_handle(r) == NULL); /* not a pool resource: never exported */
+
+    /* Outside capture: refused, pointing at the pool resources. */
+    cubuf_buffer_t *b = NULL;
+    T_STATUS(cubuf_resource_allocate(r, 4096, g_s, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "cubuf_device_resource_create") != NULL);
+    T_STATUS(cubuf_resource_allocate(r, 4096, CU_STREAM_LEGACY, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(b == NULL);
+    T_STATS(r, 0, 0, 0, 0, 0);
+
+    const size_t n = MiB;
+    CUstream cs;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    CUdeviceptr out = 0;
+    T_CU(cuMemAlloc, &out, n);
+    unsigned char *h = malloc(n);
+    T_CHECK(h != NULL);
+
+    /* Inside capture: an allocation node, a fill and a copy out, a free node. */
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    T_REQUIRE(cubuf_resource_allocate(r, n, cs, &b));
+    CUdeviceptr p = cubuf_buffer_ptr(b);
+    T_CHECK(p != 0);
+    T_STATS(r, n, n, 1, 1, 1);
+    T_CU(cuMemsetD8Async, p, 0xab, n, cs);
+    T_CU(cuMemsetD8Async, p + 100, 0x11, 10, cs);
+    T_CU(cuMemcpyAsync, out, p, n, cs);
+    T_OK(cubuf_buffer_close(b)); /* a free node */
+    cubuf_buffer_release(b);
+    T_STATS(r, 0, n, 0, 1, 1);
+    CUgraph g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g);
+    T_REQUIRE(g ? CUBUF_SUCCESS : CUBUF_ERROR_DRIVER);
+    CUgraphExec ge = NULL;
+    T_CU(cuGraphInstantiateWithFlags, &ge, g, 0);
+    for (int launch = 0; launch < 2; launch++) {
+        T_CU(cuMemsetD8Async, out, 0, n, g_s);
+        T_CU(cuGraphLaunch, ge, g_s);
+        T_CU(cuStreamSynchronize, g_s);
+        memset(h, 0, n);
+        T_CU(cuMemcpyDtoH, h, out, n);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad += h[i] != (i >= 100 && i < 110 ? 0x11 : 0xab);
+        T_CHECK(bad == 0);
+    }
+    T_CU(cuGraphExecDestroy, ge);
+    T_CU(cuGraphDestroy, g);
+
+    /* An allocation the graph does not free outlives its launch and is freed
+     * later on a stream that is not capturing. */
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    T_REQUIRE(cubuf_resource_allocate(r, n, cs, &b));
+    T_CU(cuMemsetD8Async, cubuf_buffer_ptr(b), 0x77, n, cs);
+    g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g);
+    T_REQUIRE(g ? CUBUF_SUCCESS : CUBUF_ERROR_DRIVER);
+    T_CU(cuGraphInstantiateWithFlags, &ge, g, 0);
+    T_CU(cuGraphLaunch, ge, g_s);
+    T_CU(cuMemcpyAsync, out, cubuf_buffer_ptr(b), n, g_s);
+    T_CU(cuStreamSynchronize, g_s);
+    T_CU(cuMemcpyDtoH, h, out, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += h[i] != 0x77;
+    T_CHECK(bad == 0);
+    T_STATS(r, n, n, 1, 1, 2);
+    T_OK(cubuf_buffer_close_on(b, g_s));
+    cubuf_buffer_release(b);
+    T_STATS(r, 0, n, 0, 1, 2);
+    T_CU(cuStreamSynchronize, g_s);
+    T_CU(cuGraphExecDestroy, ge);
+    T_CU(cuGraphDestroy, g);
+
+    T_CU(cuMemFree, out);
+    free(h);
+    T_CU(cuStreamDestroy, cs);
+    cubuf_resource_release(r);
+}
+
+/* ---- fault injection -------------------------------------------------------- */
+
+typedef cubuf_status_t (*create_fn)(cubuf_resource_t **out);
+
+static cubuf_status_t mk_default(cubuf_resource_t **o) { return cubuf_device_resource_create(0, NULL, o); }
+static cubuf_status_t mk_private(cubuf_resource_t **o)
+{
+    cubuf_device_resource_options_t opt = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    opt.private_pool = true;
+    opt.max_size = 256 * MiB;
+    opt.release_threshold = 0;
+    return cubuf_device_resource_create(0, &opt, o);
+}
+static cubuf_status_t mk_private_ipc(cubuf_resource_t **o)
+{
+    cubuf_device_resource_options_t opt = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    opt.private_pool = true;
+    opt.ipc_enabled = true;
+    return cubuf_device_resource_create(0, &opt, o);
+}
+static cubuf_status_t mk_pinned(cubuf_resource_t **o) { return cubuf_pinned_resource_create(0, false, o); }
+static cubuf_status_t mk_pinned_ipc(cubuf_resource_t **o) { return cubuf_pinned_resource_create(0, true, o); }
+static cubuf_status_t mk_graph(cubuf_resource_t **o) { return cubuf_graph_resource_create(0, o); }
+
+/* Fails the 1st, 2nd, ... driver call of a create until it succeeds. */
+static void fault_create(const char *name, create_fn mk)
+{
+    CUcontext before = current();
+    for (unsigned n = 1; n < 200; n++) {
+        cubuf_resource_t *r = NULL;
+        cubuf_fault_count_calls(true);
+        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t st = mk(&r);
+        bool fired = cubuf_fault_fired();
+        const char *call = cubuf_fault_fired_name();
+        cubuf_fault_reset();
+        if (fired) check_balanced(name, n, call);
+        cubuf_fault_count_calls(false);
+        T_CHECK(current() == before);
+        if (!fired) {
+            if (st != CUBUF_ERROR_NOT_SUPPORTED) T_OK(st);
+            cubuf_resource_release(r);
+            return;
+        }
+        if (st == CUBUF_SUCCESS) {
+            fprintf(stderr, "%s: failing call %u (%s) was not reported\n", name, n, call);
+            t_failures++;
+            cubuf_resource_release(r);
+        }
+        T_CHECK(st == CUBUF_SUCCESS || r == NULL);
+    }
+    fprintf(stderr, "%s: never succeeded\n", name);
+    t_failures++;
+}
+
+/* Fails each driver call of an allocation in turn: nothing is counted,
+ * nothing is returned, and (device pools) no device memory stays taken. */
+static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, CUmemoryPool trim)
+{
+    CUcontext before = current();
+    T_CU(cuCtxSetCurrent, g_ctx);
+    size_t base = trim ? settled_free(trim) : 0;
+    T_CU(cuCtxSetCurrent, before);
+    cubuf_resource_stats_t st0;
+    T_OK(cubuf_resource_stats(r, &st0));
+    for (unsigned n = 1; n < 100; n++) {
+        cubuf_buffer_t *b = NULL;
+        cubuf_fault_count_calls(true);
+        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t st = cubuf_resource_allocate(r, MiB, s, &b);
+        bool fired = cubuf_fault_fired();
+        if (fired) check_balanced(name, n, cubuf_fault_fired_name());
+        cubuf_fault_reset();
+        cubuf_fault_count_calls(false);
+        T_CHECK(current() == before);
+        if (!fired) {
+            T_OK(st);
+            T_CHECK(cubuf_buffer_ptr(b) != 0);
+            T_OK(cubuf_buffer_close(b));
+            cubuf_buffer_release(b);
+            T_STATS(r, 0, st0.peak_bytes > MiB ? st0.peak_bytes : MiB, 0,
+                    st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
+            T_CU(cuCtxSetCurrent, g_ctx);
+            if (trim) T_CHECK(settled_free(trim) == base);
+            T_CU(cuCtxSetCurrent, before);
+            return;
+        }
+        T_CHECK(st != CUBUF_SUCCESS && b == NULL);
+        T_STATS(r, 0, st0.peak_bytes, 0, st0.peak_count, st0.total_allocations);
+    }
+    fprintf(stderr, "%s: allocation never succeeded\n", name);
+    t_failures++;
+}
+
+static void test_faults(void)
+{
+    static const struct {
+        const char *name;
+        create_fn mk;
+    } makers[] = {{"default pool", mk_default}, {"private pool", mk_private},
+                  {"private IPC pool", mk_private_ipc}, {"pinned pool", mk_pinned},
+                  {"pinned IPC pool", mk_pinned_ipc}, {"graph resource", mk_graph}};
+    for (size_t i = 0; i < sizeof makers / sizeof makers[0]; i++) {
+        fault_create(makers[i].name, makers[i].mk); /* with a current context */
+        T_CU(cuCtxSetCurrent, NULL);
+        fault_create(makers[i].name, makers[i].mk); /* and without: pushes too */
+        T_CU(cuCtxSetCurrent, g_ctx);
+    }
+
+    CUmemoryPool dp = default_pool();
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(mk_default(&r));
+    fault_allocate("default pool, user stream", r, g_s, dp);
+    T_CU(cuCtxSetCurrent, NULL);
+    fault_allocate("default pool, legacy stream, no context", r, CU_STREAM_LEGACY, dp);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    cubuf_resource_release(r);
+    T_REQUIRE(mk_private(&r));
+    fault_allocate("private pool", r, g_s, cubuf__pool_handle(r));
+    T_CU(cuCtxSetCurrent, NULL);
+    fault_allocate("private pool, per-thread stream, no context", r, CU_STREAM_PER_THREAD,
+                   cubuf__pool_handle(r));
+    T_CU(cuCtxSetCurrent, g_ctx);
+    cubuf_resource_release(r);
+    T_REQUIRE(mk_pinned(&r));
+    fault_allocate("pinned pool", r, g_s, NULL);
+    T_CU(cuCtxSetCurrent, NULL);
+    fault_allocate("pinned pool, legacy stream, no context", r, CU_STREAM_LEGACY, NULL);
+    T_CU(cuCtxSetCurrent, g_ctx);
+    cubuf_resource_release(r);
+
+    /* The graph resource's allocation path, inside one capture that every
+     * refused attempt leaves intact. */
+    T_REQUIRE(mk_graph(&r));
+    CUstream cs;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (unsigned n = 1; n < 100; n++) {
+        cubuf_buffer_t *b = NULL;
+        cubuf_fault_count_calls(true);
+        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t st = cubuf_resource_allocate(r, MiB, cs, &b);
+        bool fired = cubuf_fault_fired();
+        if (fired) check_balanced("graph resource in capture", n, cubuf_fault_fired_name());
+        cubuf_fault_reset();
+        cubuf_fault_count_calls(false);
+        CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
+        T_CU(cuStreamIsCapturing, cs, &cst);
+        T_CHECK(cst == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        if (!fired) {
+            T_OK(st);
+            T_OK(cubuf_buffer_close(b));
+            cubuf_buffer_release(b);
+            break;
+        }
+        T_CHECK(st != CUBUF_SUCCESS && b == NULL);
+        T_STATS(r, 0, 0, 0, 0, 0);
+    }
+    CUgraph g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g);
+    T_CHECK(g != NULL);
+    if (g) T_CU(cuGraphDestroy, g);
+    T_STATS(r, 0, MiB, 0, 1, 1);
+    T_CU(cuStreamDestroy, cs);
+    cubuf_resource_release(r);
+}
+
+int main(void)
+{
+    t_require_gpu();
+    cubuf_context_t *ctx = NULL;
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
+    T_CU(cuCtxSetCurrent, g_ctx);
+    T_CU(cuDeviceGet, &g_dev, 0);
+    T_CU(cuStreamCreate, &g_s, CU_STREAM_NON_BLOCKING);
+    /* Warm up the default pool so lazily made driver state is not counted
+     * as a leak by the free-memory checks. */
+    CUdeviceptr warm = 0;
+    T_CU(cuMemAllocFromPoolAsync, &warm, MiB, default_pool(), g_s);
+    T_CU(cuMemFreeAsync, warm, g_s);
+    (void)settled_free(default_pool());
+
+    test_validation();
+    test_default_pool();
+    test_private_pool();
+    test_max_size();
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
+    test_capture_refused(r);
+    cubuf_resource_release(r);
+    test_faults();
+    test_pinned();
+    test_graph();
+
+    /* Every resource released its retained primary context. */
+    T_CU(cuStreamDestroy, g_s);
+    T_CU(cuCtxSetCurrent, NULL);
+    cubuf_context_destroy(ctx);
+    unsigned flags = 0;
+    int active = 1;
+    T_CU(cuDevicePrimaryCtxGetState, g_dev, &flags, &active);
+    T_CHECK(!active);
+    return t_finish("test_resource_pool");
+}

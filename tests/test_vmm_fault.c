@@ -1,0 +1,347 @@
+/* Nothing lost: every driver call on the allocate, grow (in place, in place
+ * with a new reservation, moving) and close paths of virtual memory fails
+ * in turn (fault injection, n = 1, 2, ... until the operation runs without
+ * reaching the n-th call). Each time:
+ *  - a failed operation returns an error; the input buffer is open, holds
+ *    its data and works; nothing was left reserved, created or mapped
+ *    (cubuf's live counts, the resource's statistics and the device's free
+ *    memory are as before);
+ *  - an operation that succeeds although a call failed (a release after the
+ *    point of no return is retried) left everything exactly as a clean run. */
+#include <stdint.h>
+
+#include "test.h"
+#include "vmm.h"
+
+#define MIB ((size_t)1 << 20)
+#define SIZE (64 * MIB)
+#define MAX_N 500
+#define FREE_SLACK (16 * MIB) /* driver bookkeeping; any leak here is >= 64 MiB */
+
+static cubuf_resource_t *g_res;
+static unsigned char *g_host;
+static int g_warnings;
+
+static void on_warning(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)st;
+    (void)user;
+    g_warnings++;
+    fprintf(stderr, "unexpected warning: %s\n", msg);
+}
+
+static unsigned char pattern_byte(size_t offset, unsigned seed)
+{
+    uint64_t x = (uint64_t)offset * 0x9E3779B97F4A7C15ull + seed * 0xD6E8FEB86659FD93ull;
+    return (unsigned char)(x >> 56);
+}
+
+static void write_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) g_host[i] = pattern_byte(base + i, seed);
+    T_CU(cuMemcpyHtoD, p, g_host, n);
+}
+
+static bool check_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
+{
+    T_CU(cuMemcpyDtoH, g_host, p, n);
+    for (size_t i = 0; i < n; i++)
+        if (g_host[i] != pattern_byte(base + i, seed)) {
+            fprintf(stderr, "pattern mismatch at %zu\n", base + i);
+            return false;
+        }
+    return true;
+}
+
+/* The buffer still works: a write and a read at its end, then the pattern back. */
+static bool still_works(cubuf_buffer_t *b, size_t base, unsigned seed)
+{
+    CUdeviceptr end = cubuf_buffer_ptr(b) + cubuf_buffer_size(b) - 4096;
+    T_CU(cuMemsetD8, end, 0x5c, 4096);
+    unsigned char h[4096];
+    T_CU(cuMemcpyDtoH, h, end, sizeof h);
+    bool ok = true;
+    for (size_t i = 0; i < sizeof h; i++) ok &= h[i] == 0x5c;
+    write_pattern(end, 4096, base + cubuf_buffer_size(b) - 4096, seed);
+    return ok && check_pattern(cubuf_buffer_ptr(b), cubuf_buffer_size(b), base, seed);
+}
+
+typedef struct snap {
+    cubuf_vmm_live_t live;
+    size_t bytes, count, free_mem;
+} snap_t;
+
+static snap_t snap(void)
+{
+    snap_t s;
+    cubuf__vmm_live(&s.live);
+    cubuf_resource_stats_t st;
+    T_OK(cubuf_resource_stats(g_res, &st));
+    s.bytes = st.current_bytes;
+    s.count = st.current_count;
+    s.free_mem = t_free_device_memory();
+    return s;
+}
+
+static bool same(const snap_t *a, const snap_t *b, const char *what, unsigned n, const char *call)
+{
+    bool ok = a->live.reservations == b->live.reservations && a->live.mappings == b->live.mappings &&
+              a->live.allocations == b->live.allocations && a->bytes == b->bytes &&
+              a->count == b->count && b->free_mem + FREE_SLACK >= a->free_mem;
+    if (!ok)
+        fprintf(stderr,
+                "%s, call %u (%s) failed: state changed: reservations %ld->%ld mappings %ld->%ld "
+                "allocations %ld->%ld bytes %zu->%zu count %zu->%zu free %zu->%zu MiB\n",
+                what, n, call, a->live.reservations, b->live.reservations, a->live.mappings,
+                b->live.mappings, a->live.allocations, b->live.allocations, a->bytes, b->bytes,
+                a->count, b->count, a->free_mem / MIB, b->free_mem / MIB);
+    return ok;
+}
+
+/* One injected failure: arms call n, runs nothing else, disarms. */
+typedef struct shot {
+    bool fired;
+    char call[64];
+} shot_t;
+
+static void arm(unsigned n) { cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN); }
+
+static shot_t disarm(void)
+{
+    shot_t s;
+    s.fired = cubuf_fault_fired();
+    snprintf(s.call, sizeof s.call, "%s", cubuf_fault_fired_name());
+    cubuf_fault_reset();
+    return s;
+}
+
+static void report(const char *what, unsigned calls, unsigned errors, unsigned recovered)
+{
+    printf("%s: failed each of %u driver calls in turn: %u errors, %u absorbed after the point "
+           "of no return\n",
+           what, calls, errors, recovered);
+}
+
+/* ---- allocate ------------------------------------------------------------------------ */
+
+static void fault_allocate(void)
+{
+    unsigned errors = 0, absorbed = 0, n;
+    for (n = 1; n < MAX_N; n++) {
+        snap_t before = snap();
+        cubuf_buffer_t *b = NULL;
+        arm(n);
+        cubuf_status_t st = cubuf_resource_allocate(g_res, SIZE, 0, &b);
+        shot_t shot = disarm();
+        if (st != CUBUF_SUCCESS) {
+            errors++;
+            T_CHECK(shot.fired && b == NULL);
+        } else {
+            if (shot.fired) absorbed++;
+            write_pattern(cubuf_buffer_ptr(b), SIZE, 0, 1);
+            T_CHECK(check_pattern(cubuf_buffer_ptr(b), SIZE, 0, 1));
+            T_OK(cubuf_buffer_close(b));
+            cubuf_buffer_release(b);
+        }
+        snap_t after = snap();
+        T_CHECK(same(&before, &after, "allocate", n, shot.call));
+        if (!shot.fired) break;
+    }
+    T_CHECK(n < MAX_N && errors > 0);
+    report("allocate", n - 1, errors, absorbed);
+}
+
+/* ---- grow ------------------------------------------------------------------------------ */
+
+typedef enum grow_kind { GROW_HEADROOM, GROW_EXTEND, GROW_MOVE } grow_kind_t;
+
+static void fault_grow(grow_kind_t kind)
+{
+    static const char *const names[] = {"grow in place", "grow in place past the reservation",
+                                        "grow that moves"};
+    const char *what = names[kind];
+    cubuf_buffer_t *b = NULL, *x = NULL;
+    T_REQUIRE(cubuf_resource_allocate(g_res, SIZE, 0, &b));
+    write_pattern(cubuf_buffer_ptr(b), SIZE, 0, 2);
+    size_t want = 2 * SIZE;
+    if (kind == GROW_EXTEND) {
+        /* Past the space's first reservation (1 GiB): a reservation at its end. */
+        CUdeviceptr end;
+        size_t headroom;
+        bool ext;
+        T_REQUIRE(cubuf__vmm_tail(b, &end, &headroom, &ext));
+        want = SIZE + headroom + 2 * SIZE;
+    } else if (kind == GROW_MOVE) {
+        /* x maps the addresses right after b: a grow of b must move. */
+        T_REQUIRE(cubuf_vmm_modify_allocation(g_res, b, 2 * SIZE, NULL, &x));
+        write_pattern(cubuf_buffer_ptr(x) + SIZE, SIZE, SIZE, 3);
+        want = 3 * SIZE;
+    }
+    unsigned errors = 0, absorbed = 0, moved = 0, n;
+    for (n = 1; n < MAX_N; n++) {
+        snap_t before = snap();
+        cubuf_buffer_t *g = NULL;
+        arm(n);
+        cubuf_status_t st = cubuf_vmm_modify_allocation(g_res, b, want, NULL, &g);
+        shot_t shot = disarm();
+        if (st != CUBUF_SUCCESS) {
+            errors++;
+            T_CHECK(shot.fired && g == NULL);
+            snap_t after = snap();
+            T_CHECK(same(&before, &after, what, n, shot.call));
+        } else {
+            if (shot.fired) absorbed++;
+            moved += cubuf_buffer_ptr(g) != cubuf_buffer_ptr(b);
+            T_CHECK(cubuf_buffer_size(g) == want);
+            if (kind == GROW_MOVE) T_CHECK(cubuf_buffer_ptr(g) != cubuf_buffer_ptr(b));
+            if (kind == GROW_HEADROOM) T_CHECK(cubuf_buffer_ptr(g) == cubuf_buffer_ptr(b));
+            T_CHECK(check_pattern(cubuf_buffer_ptr(g), SIZE, 0, 2));
+            T_CU(cuMemsetD8, cubuf_buffer_ptr(g) + want - 4096, 0x66, 4096);
+            T_OK(cubuf_buffer_close(g));
+            cubuf_buffer_release(g);
+            snap_t after = snap();
+            T_CHECK(same(&before, &after, what, n, shot.call));
+        }
+        /* The buffer grown from is open, intact and works, whatever happened. */
+        T_CHECK(!cubuf_buffer_is_closed(b));
+        T_CHECK(still_works(b, 0, 2));
+        if (x) T_CHECK(check_pattern(cubuf_buffer_ptr(x) + SIZE, SIZE, SIZE, 3));
+        if (!shot.fired || t_failures > 20) break;
+    }
+    T_CHECK(n < MAX_N && errors > 0);
+    report(what, n - 1, errors, absorbed);
+    if (kind == GROW_EXTEND) printf("  (%u of the successful grows moved the range)\n", moved);
+    if (x) {
+        T_OK(cubuf_buffer_close(x));
+        cubuf_buffer_release(x);
+    }
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+}
+
+/* ---- close ------------------------------------------------------------------------------- */
+
+typedef enum close_kind {
+    CLOSE_ONLY,      /* the only buffer: everything goes */
+    CLOSE_TAIL,      /* a grow in place: its new part goes */
+    CLOSE_MOVED_OLD, /* the old buffer of a moved grow: its mapping goes, the memory stays */
+} close_kind_t;
+
+typedef struct scene {
+    cubuf_buffer_t *target; /* the buffer closed under fault injection */
+    cubuf_buffer_t *other;  /* an alias that stays open, or NULL */
+    size_t target_base;     /* logical offset of target's first byte in the pattern */
+} scene_t;
+
+static scene_t make_scene(close_kind_t kind, CUstream s1, CUstream s2)
+{
+    scene_t sc = {NULL, NULL, 0};
+    cubuf_buffer_t *a = NULL;
+    T_REQUIRE(cubuf_resource_allocate(g_res, SIZE, s1, &a));
+    write_pattern(cubuf_buffer_ptr(a), SIZE, 0, 4);
+    if (kind == CLOSE_ONLY) {
+        sc.target = a;
+    } else if (kind == CLOSE_TAIL) {
+        cubuf_buffer_t *g = NULL;
+        T_REQUIRE(cubuf_vmm_modify_allocation(g_res, a, 3 * SIZE, NULL, &g));
+        write_pattern(cubuf_buffer_ptr(g) + SIZE, 2 * SIZE, SIZE, 4);
+        T_OK(cubuf_buffer_set_deallocation_stream(g, s2));
+        sc.target = g;
+        sc.other = a;
+    } else {
+        cubuf_buffer_t *x = NULL, *m = NULL;
+        T_REQUIRE(cubuf_vmm_modify_allocation(g_res, a, 2 * SIZE, NULL, &x));
+        T_REQUIRE(cubuf_vmm_modify_allocation(g_res, a, 3 * SIZE, NULL, &m));
+        T_CHECK(cubuf_buffer_ptr(m) != cubuf_buffer_ptr(a));
+        T_OK(cubuf_buffer_close(x));
+        cubuf_buffer_release(x);
+        write_pattern(cubuf_buffer_ptr(m) + SIZE, 2 * SIZE, SIZE, 4);
+        /* Closing a releases a mapping: it waits for m's stream too. */
+        T_OK(cubuf_buffer_set_deallocation_stream(m, s2));
+        sc.target = a;
+        sc.other = m;
+    }
+    return sc;
+}
+
+static void fault_close(close_kind_t kind)
+{
+    static const char *const names[] = {"close of the only buffer", "close of a grown tail",
+                                        "close of the old buffer of a moved grow"};
+    const char *what = names[kind];
+    CUstream s1, s2;
+    T_CU(cuStreamCreate, &s1, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamCreate, &s2, CU_STREAM_NON_BLOCKING);
+    snap_t base = snap();
+    unsigned errors = 0, absorbed = 0, n;
+    for (n = 1; n < MAX_N; n++) {
+        scene_t sc = make_scene(kind, s1, s2);
+        size_t tsize = cubuf_buffer_size(sc.target);
+        snap_t before = snap();
+        arm(n);
+        cubuf_status_t st = cubuf_buffer_close(sc.target);
+        shot_t shot = disarm();
+        if (st != CUBUF_SUCCESS) {
+            errors++;
+            T_CHECK(shot.fired);
+            T_CHECK(!cubuf_buffer_is_closed(sc.target) && cubuf_buffer_size(sc.target) == tsize);
+            snap_t after = snap();
+            T_CHECK(same(&before, &after, what, n, shot.call));
+            T_CHECK(still_works(sc.target, 0, 4));
+            T_OK(cubuf_buffer_close(sc.target));
+        } else {
+            if (shot.fired) absorbed++;
+            T_CHECK(cubuf_buffer_is_closed(sc.target));
+        }
+        if (sc.other) {
+            T_CHECK(still_works(sc.other, 0, 4));
+            T_OK(cubuf_buffer_close(sc.other));
+            cubuf_buffer_release(sc.other);
+        }
+        cubuf_buffer_release(sc.target);
+        snap_t after = snap();
+        T_CHECK(same(&base, &after, what, n, shot.call));
+        if (!shot.fired || t_failures > 20) break;
+    }
+    T_CHECK(n < MAX_N && errors > 0);
+    report(what, n - 1, errors, absorbed);
+    T_CU(cuStreamDestroy, s1);
+    T_CU(cuStreamDestroy, s2);
+}
+
+int main(void)
+{
+    t_require_gpu();
+    cubuf_context_t *ctx = NULL;
+    CUcontext cu = NULL;
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    T_REQUIRE(cubuf_context_handle(ctx, &cu));
+    T_CU(cuCtxSetCurrent, cu);
+    g_host = malloc(3 * SIZE);
+    if (!g_host) return 1;
+    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &g_res);
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        printf("SKIP: %s\n", cubuf_last_error());
+        return T_SKIP;
+    }
+    T_REQUIRE(st);
+    cubuf_set_warning_handler(on_warning, NULL);
+    snap_t s0 = snap();
+
+    fault_allocate();
+    fault_grow(GROW_HEADROOM);
+    fault_grow(GROW_EXTEND);
+    fault_grow(GROW_MOVE);
+    fault_close(CLOSE_ONLY);
+    fault_close(CLOSE_TAIL);
+    fault_close(CLOSE_MOVED_OLD);
+
+    snap_t s1 = snap();
+    T_CHECK(same(&s0, &s1, "the whole test", 0, "-"));
+    T_CHECK(g_warnings == 0);
+    cubuf_set_warning_handler(NULL, NULL);
+    cubuf_resource_release(g_res);
+    free(g_host);
+    cubuf_context_destroy(ctx);
+    return t_finish("test_vmm_fault");
+}
