@@ -18,7 +18,8 @@ if has build; then
   echo "build ok"
 fi
 if has info; then
-  { ./$build/cubuf info; ./$build/cubuf info --json; ./$build/cubuf demo; } 2>&1 | tee "$out/info.log"
+  { ./$build/cubuf info; ./$build/cubuf info --json; ./$build/cubuf demo;
+    ./$build/examples/example_grow; } 2>&1 | tee "$out/info.log"
 fi
 if has tests; then
   ctest --test-dir $build --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1 || rc=1
