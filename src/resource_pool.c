@@ -33,6 +33,23 @@ static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, cubuf_ctx_guard
     return cubuf__ctx_push(buf->dealloc.ctx, g);
 }
 
+/* The refusal of an allocation on a capturing stream (kept out of the hot
+ * path). The legacy stream's CUDA_ERROR_STREAM_CAPTURE_IMPLICIT means a
+ * capture on another stream depends on it: allocating there would break
+ * that capture, so it is refused like a capture of its own. */
+static __attribute__((cold)) cubuf_status_t refuse_allocation(CUresult r, CUstreamCaptureStatus cs)
+{
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        return cubuf__cu_status(r, "cuStreamIsCapturing");
+    return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
+                       "cubuf_resource_allocate: the stream is capturing%s; a pool resource "
+                       "cannot allocate during capture (use cubuf_graph_resource_create)",
+                       r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+                           ? " (a capture on another stream depends on the legacy stream)"
+                       : cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? " (capture invalidated)"
+                                                                     : "");
+}
+
 /*
  * The hot path: one capture query, then cuMemAllocFromPoolAsync.
  *
@@ -42,9 +59,11 @@ static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, cubuf_ctx_guard
  * and nothing cheaper: capture can begin on any thread at any moment, so a
  * flag cached by cubuf would be stale, and the driver holds the only true
  * answer. The query reads the stream's capture state on the host (no device
- * work, no synchronization); it is the one driver call cuda.core also makes
- * here. The allocation already carries the buffer object's calloc and a few
- * relaxed atomics for the statistics, which sit in the same cost class.
+ * work, no synchronization). It is made here directly, not through
+ * cubuf__stream_capture_status: the context is already pushed, and the
+ * success path then costs no call beyond the two driver calls. The
+ * allocation already carries the buffer object's calloc and a few relaxed
+ * atomics for the statistics, which sit in the same cost class.
  */
 static cubuf_status_t pool_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
 {
@@ -52,17 +71,14 @@ static cubuf_status_t pool_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, 
     cubuf_status_t st = push_for_stream(buf, &g);
     if (st != CUBUF_SUCCESS) return st;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    st = cubuf__stream_capture_status(stream, NULL, &cs); /* context already pushed */
-    if (st == CUBUF_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) {
-        st = cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
-                         "cubuf_resource_allocate: the stream is capturing%s; a pool resource "
-                         "cannot allocate during capture (use cubuf_graph_resource_create)",
-                         cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? " (capture invalidated)" : "");
-    } else if (st == CUBUF_SUCCESS) {
+    CUresult r = CU_CALL(cuStreamIsCapturing, stream, &cs);
+    if (r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE) {
         CUdeviceptr p = 0;
         st = CU(cuMemAllocFromPoolAsync, &p, buf->size, pool_of(res), stream);
         if (st == CUBUF_SUCCESS) buf->ptr = p;
         else cubuf__detail_append("size %zu", buf->size);
+    } else {
+        st = refuse_allocation(r, cs);
     }
     cubuf__ctx_pop(&g);
     return st;
