@@ -16,8 +16,12 @@
 #include "bench_common.h"
 #include "vmm.h"
 
+#ifndef REPEATS
 #define REPEATS 5
+#endif
+#ifndef STEPS_2MIB
 #define STEPS_2MIB 1000
+#endif
 #define TIME_BUDGET_S 160.0
 
 static bench_env_t env;

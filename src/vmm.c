@@ -682,8 +682,9 @@ static cubuf_status_t query_granularity(vmm_res_t *vr, const char *what)
 
 /* Some memory kinds depend on more than a device attribute says (managed
  * memory through cuMemCreate is new in CUDA 13, fabric handles need an IMEX
- * channel, host memory the driver's support): creating one granule now turns
- * a refusal into a clear CUBUF_ERROR_NOT_SUPPORTED at creation. */
+ * channel, host memory and its CPU access need the driver's support): making,
+ * mapping and granting access to one granule now turns a refusal into a
+ * clear CUBUF_ERROR_NOT_SUPPORTED at creation instead of a failed allocation. */
 static cubuf_status_t probe(const vmm_res_t *vr, const char *what)
 {
     const cubuf_vmm_options_t *o = &vr->opts;
@@ -698,17 +699,38 @@ static cubuf_status_t probe(const vmm_res_t *vr, const char *what)
     CUmemAllocationProp prop;
     fill_prop(vr, o->gpu_direct_rdma, &prop);
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = CU_CALL(cuMemCreate, &h, vr->gran, &prop, 0);
+    CUdeviceptr va = 0;
+    size_t g = vr->gran;
+    bool created = false, reserved = false, mapped = false;
+    const char *call = "cuMemCreate";
+    CUresult r = CU_CALL(cuMemCreate, &h, g, &prop, 0);
     if (r == CUDA_SUCCESS) {
+        created = true;
         atomic_fetch_add(&live_phys, 1);
-        release_quiet(h, vr->gran);
-        return CUBUF_SUCCESS;
+        call = "cuMemAddressReserve";
+        r = CU_CALL(cuMemAddressReserve, &va, g, g, 0, 0);
     }
-    cubuf_status_t st = cubuf__cu_status(r, "cuMemCreate");
+    if (r == CUDA_SUCCESS) {
+        reserved = true;
+        atomic_fetch_add(&live_resv, 1);
+        call = "cuMemMap";
+        r = CU_CALL(cuMemMap, va, g, 0, h, 0);
+    }
+    if (r == CUDA_SUCCESS) {
+        mapped = true;
+        atomic_fetch_add(&live_maps, 1);
+        call = "cuMemSetAccess";
+        if (vr->access.count) r = CU_CALL(cuMemSetAccess, va, g, vr->access.desc, vr->access.count);
+    }
+    if (mapped) unmap_quiet(va, g);
+    if (reserved) va_free_quiet(va, g);
+    if (created) release_quiet(h, g);
+    if (r == CUDA_SUCCESS) return CUBUF_SUCCESS;
+    cubuf_status_t st = cubuf__cu_status(r, call);
     if (st == CUBUF_ERROR_OUT_OF_MEMORY) return st;
     return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                       "%s: the driver cannot create %s at the %s location for device %d: %s", what,
-                       kind, location_name(o->location), vr->ordinal, cubuf_last_error());
+                       "%s: the driver refuses %s at the %s location for device %d: %s", what, kind,
+                       location_name(o->location), vr->ordinal, cubuf_last_error());
 }
 
 cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t *options,
@@ -751,10 +773,10 @@ cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t 
         goto fail;
     }
     if (vr->opts.address_alignment < vr->gran) vr->opts.address_alignment = vr->gran;
+    build_access(vr, &vr->opts, &vr->access);
     CHECK(probe(vr, what));
     cubuf__ctx_pop(&g);
     pushed = false;
-    build_access(vr, &vr->opts, &vr->access);
     CHECK(cubuf__resource_new(&vmm_vtbl, CUBUF_RES_VMM, ctx, &res));
     ctx = NULL; /* the resource holds it now */
     res->impl = vr;

@@ -44,11 +44,16 @@
  *    mapping it removed is restored. Once the mappings are gone, releasing
  *    the physical allocations and reservations can no longer fail the close
  *    (a failing call is tried again, then reported to the warning handler).
+ *  - When the last cubuf_buffer_release cannot close a buffer (a capturing
+ *    stream), the warning handler is told and the buffer leaves its range:
+ *    memory other open buffers map is freed when they close; memory only it
+ *    mapped is lost.
  *
  * Statistics (cubuf_resource_stats) count physical memory, which aliases
  * share: current_bytes is the size of the live physical allocations,
- * current_count their number, total_allocations the number of cuMemCreate
- * calls that succeeded. A buffer that aliases another adds nothing.
+ * current_count their number, total_allocations the number of physical
+ * allocations made for buffers so far. A buffer that aliases another adds
+ * nothing.
  *
  * Sizes are rounded up to the resource's granularity (cubuf_vmm_granularity);
  * a buffer reports its rounded size. Allocating size 0 gives an open, empty
