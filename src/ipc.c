@@ -334,6 +334,16 @@ static cubuf_status_t grant_pool_access(pool_entry_t *e, const cubuf_context_t *
     return CUBUF_SUCCESS;
 }
 
+/* Gives a pool import back: no pointer of it is left, and every free into
+ * it has completed (see imported_pool_deallocate). Raw call: a failure here
+ * must not replace the detail of a failure being unwound. */
+static void destroy_pool_import(pool_entry_t *e)
+{
+    CUresult r = CU_CALL(cuMemPoolDestroy, e->pool);
+    if (r != CUDA_SUCCESS)
+        cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy of an imported pool failed (%d)", (int)r);
+}
+
 /* A pointer the driver maps must hold the buffer the descriptor claims. The
  * check is best effort: where the driver cannot say, it trusts the export. */
 static bool pool_range_too_small(CUdeviceptr ptr, const cubuf_ipc_descriptor_t *d)
@@ -420,8 +430,7 @@ static cubuf_status_t import_pool(const cubuf_context_t *c, const cubuf_ipc_desc
     goto out;
 undo:
     if (new_entry) {
-        CUresult r = CU_CALL(cuMemPoolDestroy, e->pool);
-        if (r != CUDA_SUCCESS) cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy of an imported pool failed (%d)", (int)r);
+        destroy_pool_import(e);
         free(e);
     }
 out:
@@ -673,10 +682,25 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
         unlink_ptr(e, p);
         free(p);
         if (--e->refs == 0) {
-            /* Returns at once; the driver finishes after the pending free. */
-            CUresult r = CU_CALL(cuMemPoolDestroy, e->pool);
-            if (r != CUDA_SUCCESS)
-                cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy of an imported pool failed (%d)", (int)r);
+            /* The free must have completed before the pool import goes:
+             * the driver (580, CUDA 13.0 on an H200) never releases an
+             * imported pool destroyed while a free into it is pending. Its
+             * fd and its mapping of the exporter's memory stay until the
+             * process exits, whatever runs later. Once the free has run,
+             * cuMemPoolDestroy gives both back at once. Held under the lock,
+             * so a concurrent import of this pool waits and imports it
+             * afresh. Open driver issue, not worked around: after giving
+             * back an imported pinned (host NUMA) pool that a device was
+             * granted access to, the first pinned pool the process creates
+             * next fails to allocate (CUDA_ERROR_OUT_OF_MEMORY); a second
+             * one works. Revoking the grant first does not help. */
+            cubuf_status_t ss = cubuf__stream_sync(token);
+            if (ss != CUBUF_SUCCESS)
+                cubuf__warn(ss, "closing the last buffer of an imported pool: synchronizing the "
+                                "deallocation stream failed (%s); the pool import may stay until "
+                                "the process exits",
+                            cubuf_last_error());
+            destroy_pool_import(e);
             unlink_pool(e);
             free(e);
         }

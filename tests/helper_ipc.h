@@ -130,16 +130,6 @@ static inline cubuf_status_t peer_verify(const cubuf_buffer_t *buf, uint64_t see
 
 /* ---- process state ---- */
 
-static inline int peer_fd_count(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    while (readdir(d)) n++;
-    closedir(d);
-    return n;
-}
-
 static inline size_t peer_free_memory(void)
 {
     size_t f = 0, t = 0;
@@ -260,7 +250,6 @@ enum peer_op {
     OP_WRITE,      /* write the pattern into a slot's buffer */
     OP_CLOSE,      /* close a slot's buffer (flags: PEER_DUP closes the duplicate), synchronize */
     OP_CLEAR,      /* release a slot entirely (resource included) */
-    OP_FDS,        /* value: entries in /proc/self/fd */
     OP_MEMINFO,    /* value: free device memory */
     OP_EXIT,       /* reply, then exit at once without closing anything */
 };
@@ -456,7 +445,6 @@ static inline int peer_serve(peer_t *p)
             break;
         case OP_CLOSE: st = peer_close(p, &c); break;
         case OP_CLEAR: peer_slot_clear(s); break;
-        case OP_FDS: r.value = (uint64_t)peer_fd_count(); break;
         case OP_MEMINFO: r.value = peer_free_memory(); break;
         case OP_EXIT:
             peer_write_exact(p->sock, &r, sizeof r);

@@ -15,6 +15,11 @@
  *    each pool once per process, keyed by that identity, and each pointer once
  *    per pool: importing the same descriptor twice gives two buffers over one
  *    driver import, and the driver free happens when the last of them closes.
+ *    The pool import is counted too: when the last buffer of an imported
+ *    pool closes, the process gives the pool import back
+ *    (cuMemPoolDestroy), which closes the fd the driver holds for it and its
+ *    mapping of the exporter's memory. A later descriptor of that pool
+ *    imports it again.
  *  - VMM: virtual memory (<cubuf/vmm.h>) whose resource allows POSIX fd
  *    handles. The descriptor carries one fd per physical allocation that
  *    backs the buffer, in address order (cuMemExportToShareableHandle). The
@@ -195,9 +200,14 @@ typedef struct cubuf_ipc_import_options {
  * `ctx` is the context to import into; NULL uses the primary context of
  * options->device. `options` may be NULL (defaults). `stream` becomes the
  * imported buffer's deallocation stream: closing an imported pool buffer
- * frees it with cuMemFreeAsync on that stream; closing a VMM or legacy
- * import synchronizes it, then unmaps (VMM refuses a capturing stream with
- * CUBUF_ERROR_STREAM_CAPTURING and stays open). The descriptor is only read:
+ * frees it with cuMemFreeAsync on that stream, and when it is the last
+ * buffer of its pool import, synchronizes the stream before giving the pool
+ * import back (the driver never releases an imported pool destroyed while a
+ * free into it is pending); closing a VMM or legacy import synchronizes it,
+ * then unmaps. A close on a capturing stream is refused with
+ * CUBUF_ERROR_STREAM_CAPTURING and the buffer stays open (VMM and legacy: a
+ * default stream whose synchronization would disturb a capture is skipped
+ * with a warning instead). The descriptor is only read:
  * it keeps its fds, and may be imported again (a duplicate import is a second
  * buffer over the same memory; each closes on its own).
  * *out is an open buffer of desc's size that reports is_mapped, device
