@@ -33,7 +33,7 @@ if has sanitize; then
     case $name in test_header_*|test_nodriver|test_status) continue ;; esac
     # API errors the tests provoke on purpose (capture queries, bad input) are
     # not reported; leaks and memory errors are.
-    res=$(compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
+    res=$(timeout 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
           --target-processes all "$t" 2>&1)
     code=$?
     echo "== $name exit $code" >>"$out/sanitize.log"
