@@ -126,7 +126,9 @@ CUBUF_API void cubuf_set_warning_handler(cubuf_warning_fn fn, void *user);
 /**
  * Loads the driver if needed and reports its CUDA version (13000 for 13.0).
  * The library is libcuda.so.1, or the file named by CUBUF_LIBCUDA.
- * cubuf needs a driver of CUDA 13.0 or newer (see docs/DESIGN.md).
+ * cubuf needs a driver of CUDA 12.8 or newer and is tested on 13.0; each
+ * entry point is called through the ABI of the version it was resolved at
+ * (see docs/DESIGN.md).
  * Returns CUBUF_ERROR_NO_DRIVER when it cannot be loaded, is too old, or
  * cuInit fails for lack of a driver; CUBUF_ERROR_INVALID_ARGUMENT for NULL.
  */
@@ -379,7 +381,7 @@ typedef struct cubuf_copy_options {
  * stream. Without options it costs cuMemcpyAsync plus at most one
  * cuCtxGetCurrent.
  * `options` may be NULL. With options the copy goes through the driver's
- * attributed copy (a batch of one through cuMemcpyBatchAsync, CUDA 12.8+):
+ * attributed copy (a batch of one through cuMemcpyBatchAsync with the 13.0 ABI):
  * options are refused with the legacy default stream (0 or
  * CU_STREAM_LEGACY; use CU_STREAM_PER_THREAD) and with a capturing stream
  * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there), as are a wrong
