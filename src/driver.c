@@ -34,11 +34,15 @@ static char load_detail[512];
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 
-static cubuf_status_t resolve(get_proc_fn get_proc, const char *name, int version, void **slot,
-                              bool required)
+static cubuf_status_t resolve(get_proc_fn get_proc, int driver_version, const char *name,
+                              int version, void **slot, bool required)
 {
     CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
-    CUresult r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &q);
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    /* An older driver would answer with the newest variant it has, whose
+     * signature may differ from the one asked for: such an entry is absent. */
+    if (version <= driver_version)
+        r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &q);
     if (r == CUDA_SUCCESS && q == CU_GET_PROC_ADDRESS_SUCCESS && *slot) return CUBUF_SUCCESS;
     *slot = NULL;
     if (!required) return CUBUF_SUCCESS;
@@ -67,20 +71,29 @@ static void load(void)
         load_status = CUBUF_ERROR_NO_DRIVER;
         return; /* lib stays loaded: unloading a driver is never safe */
     }
+    /* The driver's version first: it decides which entry points exist. */
+    PFN_cuDriverGetVersion_v2020 get_version = NULL;
+    int version = 0;
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
+    if (get_proc("cuDriverGetVersion", (void **)&get_version, 2020, CU_GET_PROC_ADDRESS_DEFAULT,
+                 &q) != CUDA_SUCCESS ||
+        !get_version || get_version(&version) != CUDA_SUCCESS)
+        version = 0;
     cubuf_status_t st = CUBUF_SUCCESS;
-#define CUBUF_DRV_REQ_(name, version) \
-    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, version, (void **)&cubuf__drv.name, true);
-#define CUBUF_DRV_OPT_(name, version) \
-    if (st == CUBUF_SUCCESS) st = resolve(get_proc, #name, version, (void **)&cubuf__drv.name, false);
-    CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_, CUBUF_DRV_OPT_)
+    if (version >= CUBUF_DRIVER_MIN) {
+#define CUBUF_DRV_REQ_(name, v) \
+    if (st == CUBUF_SUCCESS) st = resolve(get_proc, version, #name, v, (void **)&cubuf__drv.name, true);
+#define CUBUF_DRV_OPT_(name, v) \
+    if (st == CUBUF_SUCCESS) st = resolve(get_proc, version, #name, v, (void **)&cubuf__drv.name, false);
+        CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_, CUBUF_DRV_OPT_)
 #undef CUBUF_DRV_REQ_
 #undef CUBUF_DRV_OPT_
+    }
     if (st != CUBUF_SUCCESS) {
         load_status = st;
         return;
     }
-    int version = 0;
-    if (cubuf__drv.cuDriverGetVersion(&version) != CUDA_SUCCESS || version < CUBUF_DRIVER_MIN) {
+    if (version < CUBUF_DRIVER_MIN) {
         snprintf(load_detail, sizeof load_detail,
                  "the CUDA driver is version %d.%d; cubuf needs %d.%d or newer", version / 1000,
                  version % 1000 / 10, CUBUF_DRIVER_MIN / 1000, CUBUF_DRIVER_MIN % 1000 / 10);
