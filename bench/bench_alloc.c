@@ -26,6 +26,17 @@ static void raw_pool(void *p)
     B_CU(cuMemFreeAsync, d, a->stream);
 }
 
+/* The floor of any correct pool resource: a pool must refuse a capturing
+ * stream before it allocates (on a capturing stream the allocation becomes a
+ * graph node), so it pays one capture query on top of the raw pair. */
+static void raw_pool_with_capture_query(void *p)
+{
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    raw_pool(p);
+}
+
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -227,6 +238,30 @@ int main(void)
             bench_compare(&env, &c);
             check_row(&env, row, sizes[k], total_before);
         }
+    }
+
+    bench_section("the capture query a pool resource must make (informational)");
+    bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the same plus one "
+               "cuStreamIsCapturing");
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        alloc_arg_t arg = {sizes[k], env.stream, NULL, env.ctx, default_pool};
+        bench_case_t c = {
+            .group = "floor",
+            .name = "pool+capture_query",
+            .size = sizes[k],
+            .mode = BENCH_LATENCY,
+            .stream = env.stream,
+            .raw = raw_pool,
+            .lib = raw_pool_with_capture_query,
+            .arg = &arg,
+            .sample_s = 2e-3,
+            .max_batch = 2000,
+            .budget_s = 0.5,
+            .min_pairs = 9,
+            .max_pairs = 41,
+            .target = BENCH_TARGET_NONE,
+        };
+        bench_compare(&env, &c);
     }
 
     B_CU(cuCtxSynchronize);

@@ -160,7 +160,7 @@ static void peer_raw_import(int sock, CUstream stream, void *host)
         memcpy(data.reserved, msg.data, sizeof data.reserved);
         CUdeviceptr p = 0;
         B_CU(cuMemPoolImportPointer, &p, pool, &data);
-        B_CU(cuMemcpyDtoH, host, p, FIRST_READ);
+        B_CU(cuMemcpy, (CUdeviceptr)(uintptr_t)host, p, FIRST_READ); /* host or device memory */
         B_CU(cuMemFreeAsync, p, stream);
         B_CU(cuStreamSynchronize, stream);
         B_CU(cuMemPoolDestroy, pool);
@@ -181,7 +181,7 @@ static void peer_raw_import(int sock, CUstream stream, void *host)
         }
         CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         B_CU(cuMemSetAccess, base, extent, &a, 1);
-        B_CU(cuMemcpyDtoH, host, base, FIRST_READ);
+        B_CU(cuMemcpy, (CUdeviceptr)(uintptr_t)host, base, FIRST_READ);
         B_CU(cuStreamSynchronize, stream);
         off = 0;
         for (uint32_t i = 0; i < msg.nchunks; i++) {
@@ -195,7 +195,7 @@ static void peer_raw_import(int sock, CUstream stream, void *host)
         memcpy(ih.reserved, msg.data, sizeof ih.reserved);
         CUdeviceptr p = 0;
         B_CU(cuIpcOpenMemHandle, &p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-        B_CU(cuMemcpyDtoH, host, p, FIRST_READ);
+        B_CU(cuMemcpy, (CUdeviceptr)(uintptr_t)host, p, FIRST_READ); /* host or device memory */
         B_CU(cuStreamSynchronize, stream);
         B_CU(cuIpcCloseMemHandle, p);
     }
@@ -209,7 +209,7 @@ static void peer_lib_import(int sock, CUstream stream, void *host)
     cubuf_buffer_t *b = NULL;
     B_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, stream, &b));
     cubuf_ipc_descriptor_destroy(d);
-    B_CU(cuMemcpyDtoH, host, cubuf_buffer_ptr(b), FIRST_READ);
+    B_CU(cuMemcpy, (CUdeviceptr)(uintptr_t)host, cubuf_buffer_ptr(b), FIRST_READ);
     B_OK(cubuf_buffer_close(b));
     B_CU(cuStreamSynchronize, stream);
     cubuf_buffer_release(b);
