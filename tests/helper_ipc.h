@@ -149,6 +149,173 @@ static inline bool peer_memory_back(size_t baseline)
     return false;
 }
 
+/* ---- pool imports the library keeps (both processes) ---- */
+
+/* An imported pinned pool stays imported until the process exits (see
+ * <cubuf/ipc.h>): its driver object and the fds the driver opened for it are
+ * expected residue, nothing else is. Wrappers in front of the driver table
+ * record each live pool import, whether a device was granted access to it
+ * (the library's rule for keeping it), and the fds that appeared in this
+ * process during the driver calls made on it (import, grant, pointer
+ * import), so that fd checks can tell that residue from a leak precisely. */
+#define PW_MAX 256
+#define PW_FDS 8
+
+typedef struct pw_fd {
+    int fd;
+    char target[72];
+} pw_fd_t;
+
+typedef struct pw_pool {
+    CUmemoryPool pool;
+    bool granted;
+    int nfd;
+    pw_fd_t fd[PW_FDS];
+} pw_pool_t;
+
+static struct {
+    bool installed;
+    cubuf_driver_t real;
+    int n;            /* live pool imports */
+    unsigned grants;  /* successful cuMemPoolSetAccess on imports, ever */
+    unsigned imports; /* successful cuMemPoolImportFromShareableHandle, ever */
+    pw_pool_t live[PW_MAX];
+} g_pw;
+
+#define PW_OPEN_MAX 4096
+typedef struct pw_open {
+    unsigned char bit[PW_OPEN_MAX / 8];
+} pw_open_t;
+
+static inline void pw_open_fds(pw_open_t *o)
+{
+    memset(o, 0, sizeof *o);
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (ent->d_name[0] < '0' || ent->d_name[0] > '9') continue;
+        int fd = atoi(ent->d_name);
+        if (fd != dirfd(d) && fd < PW_OPEN_MAX) o->bit[fd / 8] |= (unsigned char)(1u << (fd % 8));
+    }
+    closedir(d);
+}
+
+static inline bool pw_fd_target(int fd, char *out, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(path, out, cap - 1);
+    out[k > 0 ? k : 0] = '\0';
+    return k > 0;
+}
+
+static inline pw_pool_t *pw_find(CUmemoryPool pool)
+{
+    for (int i = 0; i < g_pw.n; i++)
+        if (g_pw.live[i].pool == pool) return &g_pw.live[i];
+    return NULL;
+}
+
+/* Attributes to `rec` the fds open now that were not open in `before`. */
+static inline void pw_attribute(pw_pool_t *rec, const pw_open_t *before)
+{
+    if (!rec) return;
+    pw_open_t after;
+    pw_open_fds(&after);
+    for (int fd = 0; fd < PW_OPEN_MAX; fd++) {
+        bool was = before->bit[fd / 8] >> (fd % 8) & 1, is = after.bit[fd / 8] >> (fd % 8) & 1;
+        if (!is || was || rec->nfd == PW_FDS) continue;
+        pw_fd_t *f = &rec->fd[rec->nfd];
+        if (pw_fd_target(fd, f->target, sizeof f->target)) {
+            f->fd = fd;
+            rec->nfd++;
+        }
+    }
+}
+
+static CUresult CUDAAPI pw_cuMemPoolImportFromShareableHandle(CUmemoryPool *out, void *handle,
+                                                              CUmemAllocationHandleType type,
+                                                              unsigned long long flags)
+{
+    pw_open_t before;
+    pw_open_fds(&before);
+    CUresult r = g_pw.real.cuMemPoolImportFromShareableHandle(out, handle, type, flags);
+    if (r != CUDA_SUCCESS) return r;
+    g_pw.imports++;
+    if (g_pw.n < PW_MAX) {
+        pw_pool_t *rec = &g_pw.live[g_pw.n++];
+        memset(rec, 0, sizeof *rec);
+        rec->pool = *out;
+        pw_attribute(rec, &before);
+    }
+    return r;
+}
+static CUresult CUDAAPI pw_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    pw_open_t before;
+    pw_open_fds(&before);
+    CUresult r = g_pw.real.cuMemPoolSetAccess(pool, map, count);
+    pw_pool_t *rec = pw_find(pool); /* NULL: a pool of this process, not an import */
+    if (r == CUDA_SUCCESS && rec) {
+        if (!rec->granted) g_pw.grants++;
+        rec->granted = true;
+    }
+    pw_attribute(rec, &before);
+    return r;
+}
+static CUresult CUDAAPI pw_cuMemPoolImportPointer(CUdeviceptr *out, CUmemoryPool pool, CUmemPoolPtrExportData *data)
+{
+    pw_open_t before;
+    pw_open_fds(&before);
+    CUresult r = g_pw.real.cuMemPoolImportPointer(out, pool, data);
+    pw_attribute(pw_find(pool), &before);
+    return r;
+}
+static CUresult CUDAAPI pw_cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CUresult r = g_pw.real.cuMemPoolDestroy(pool);
+    pw_pool_t *rec = pw_find(pool);
+    if (r == CUDA_SUCCESS && rec) *rec = g_pw.live[--g_pw.n];
+    return r;
+}
+
+/* Puts the wrappers into the table (once; the driver is loaded). */
+static inline void pw_install(void)
+{
+    if (g_pw.installed) return;
+    g_pw.installed = true;
+    g_pw.real = cubuf__drv;
+    cubuf__drv.cuMemPoolImportFromShareableHandle = pw_cuMemPoolImportFromShareableHandle;
+    cubuf__drv.cuMemPoolSetAccess = pw_cuMemPoolSetAccess;
+    cubuf__drv.cuMemPoolImportPointer = pw_cuMemPoolImportPointer;
+    cubuf__drv.cuMemPoolDestroy = pw_cuMemPoolDestroy;
+}
+
+/* The live pool imports that were never granted access: the library must
+ * have destroyed every one of them at its last close. */
+static inline int pw_ungranted(void)
+{
+    int k = 0;
+    for (int i = 0; i < g_pw.n; i++) k += !g_pw.live[i].granted;
+    return k;
+}
+
+/* Writes into fds (at most cap) the fds held by live pool imports that are
+ * still open with the target recorded; returns how many. */
+static inline int pw_residue_fds(int *fds, int cap)
+{
+    int k = 0;
+    for (int i = 0; i < g_pw.n; i++)
+        for (int j = 0; j < g_pw.live[i].nfd && k < cap; j++) {
+            char now[72];
+            if (pw_fd_target(g_pw.live[i].fd[j].fd, now, sizeof now) &&
+                strcmp(now, g_pw.live[i].fd[j].target) == 0)
+                fds[k++] = g_pw.live[i].fd[j].fd;
+        }
+    return k;
+}
+
 /* ---- buffers of each mechanism ---- */
 
 typedef struct peer_slot {
@@ -182,6 +349,7 @@ static inline cubuf_status_t peer_init(peer_t *p, int sock)
     CUcontext h = NULL;
     cubuf_context_handle(p->ctx, &h);
     if (cubuf__drv.cuCtxSetCurrent(h) != CUDA_SUCCESS) return CUBUF_ERROR_DRIVER;
+    pw_install();
     return CUBUF_SUCCESS;
 }
 
@@ -252,6 +420,8 @@ enum peer_op {
     OP_CLEAR,      /* release a slot entirely (resource included) */
     OP_MEMINFO,    /* value: free device memory */
     OP_EXIT,       /* reply, then exit at once without closing anything */
+    OP_POOLS,      /* value: live pool imports, granted ones in the high 32 bits;
+                      detail: the fds they hold ("12 13 "), see pw_residue_fds */
 };
 
 enum peer_flags {
@@ -446,6 +616,17 @@ static inline int peer_serve(peer_t *p)
         case OP_CLOSE: st = peer_close(p, &c); break;
         case OP_CLEAR: peer_slot_clear(s); break;
         case OP_MEMINFO: r.value = peer_free_memory(); break;
+        case OP_POOLS: {
+            int fds[64], n = pw_residue_fds(fds, 64);
+            size_t used = 0;
+            p->detail[0] = '\0';
+            for (int i = 0; i < n && used < sizeof p->detail; i++) {
+                int w = snprintf(p->detail + used, sizeof p->detail - used, "%d ", fds[i]);
+                if (w > 0) used += (size_t)w;
+            }
+            r.value = (uint64_t)g_pw.n | (uint64_t)(g_pw.n - pw_ungranted()) << 32;
+            break;
+        }
         case OP_EXIT:
             peer_write_exact(p->sock, &r, sizeof r);
             _exit((int)c.seed);

@@ -240,13 +240,45 @@ static inline bool fds_same(const char *what, const fd_snap_t *base, const fd_sn
     return false;
 }
 
-/* The fds of base->pid now, compared with `base` (see fds_same). `skip` as
- * for fds_take. */
-static inline bool fds_back(const char *what, const fd_snap_t *base, int skip)
+/* Drops from `now` the fds in res[0..nres) that `base` lacks (or had with
+ * another target): the fds of pool imports the library keeps (see pw_* in
+ * helper_ipc.h). Returns how many were dropped. */
+static inline int fds_drop_residue(const fd_snap_t *base, fd_snap_t *now, const int *res, int nres)
+{
+    int kept = 0, dropped = 0;
+    for (int i = 0; i < now->n; i++) {
+        bool residue = false;
+        for (int k = 0; k < nres && !residue; k++) residue = res[k] == now->e[i].fd;
+        for (int j = 0; j < base->n && residue; j++)
+            if (base->e[j].fd == now->e[i].fd && strcmp(base->e[j].target, now->e[i].target) == 0)
+                residue = false;
+        if (residue)
+            dropped++;
+        else
+            now->e[kept++] = now->e[i];
+    }
+    now->n = kept;
+    return dropped;
+}
+
+/* The fds of base->pid now, compared with `base` (see fds_same), leaving
+ * out the fds held by pool imports kept since (res[0..nres)). */
+static inline bool fds_back_except(const char *what, const fd_snap_t *base, int skip, const int *res, int nres)
 {
     static fd_snap_t now;
     fds_take(&now, base->pid, skip);
+    fds_drop_residue(base, &now, res, nres);
     return fds_same(what, base, &now);
+}
+
+/* The fds of base->pid now, compared with `base` (see fds_same). `skip` as
+ * for fds_take. For this process, the fds of the pinned pool imports the
+ * library keeps are left out (exactly those: fds the driver opened in calls
+ * on a pool import that is still alive); every other fd must balance. */
+static inline bool fds_back(const char *what, const fd_snap_t *base, int skip)
+{
+    int res[PW_MAX], nres = base->pid ? 0 : pw_residue_fds(res, PW_MAX);
+    return fds_back_except(what, base, skip, res, nres);
 }
 
 /* Free device memory back to `baseline`, waiting for frees that land
@@ -430,19 +462,69 @@ static inline void track_begin(void)
     g_track.n = g_track.acquired = g_track.released = 0;
 }
 
-/* Stops tracking; returns how many objects acquired since track_begin are
- * still held, listing them as "what: 3 acquired, 2 released, 1 held: ...". */
-static inline int track_end(const char *what)
+/* The pinned pool imports this process is expected to hold for good: the
+ * scenarios add one per distinct exporter pool whose import they made. */
+static unsigned g_kept_expected;
+
+/* Stops tracking. Exactly `kept` pool imports acquired since track_begin
+ * may still be held, each one a pool that a device was granted access to
+ * (a pinned pool import the library keeps); nothing else may. Returns 0 if
+ * so; otherwise the number of objects held, listing them as "what: 3
+ * acquired, 2 released, 1 held: ...". */
+static inline int track_end_kept(const char *what, int kept)
 {
     g_track.on = false;
-    if (!g_track.n) return 0;
-    fprintf(stderr, "  %s: driver objects %d acquired, %d released, %d still held:\n", what, g_track.acquired,
-            g_track.released, g_track.n);
+    int pools = 0, granted = 0;
+    for (int i = 0; i < g_track.n; i++) {
+        if (g_track.live[i].kind != TK_POOL) continue;
+        pools++;
+        const pw_pool_t *rec = pw_find((CUmemoryPool)(uintptr_t)g_track.live[i].key);
+        granted += rec && rec->granted;
+    }
+    if (pools == kept && granted == kept && g_track.n == kept) {
+        g_kept_expected += (unsigned)kept;
+        return 0;
+    }
+    fprintf(stderr, "  %s: driver objects %d acquired, %d released, %d still held (%d kept pool import(s) "
+            "expected, %d held, %d of them granted):\n", what, g_track.acquired, g_track.released, g_track.n,
+            kept, pools, granted);
     for (int i = 0; i < g_track.n; i++)
         fprintf(stderr, "    %s 0x%llx%s%llu\n", track_names[g_track.live[i].kind],
                 (unsigned long long)g_track.live[i].key, g_track.live[i].size ? ", bytes " : "",
                 g_track.live[i].size ? (unsigned long long)g_track.live[i].size : 0ull);
-    return g_track.n;
+    return g_track.n ? g_track.n : 1;
+}
+
+/* Stops tracking; nothing acquired since track_begin may be held. */
+static inline int track_end(const char *what)
+{
+    return track_end_kept(what, 0);
+}
+
+/* The number of pinned pool imports a scenario of mechanism m leaves kept
+ * per distinct exporter pool it imports: one for pinned pools, none for the
+ * rest (a device pool import is destroyed at its last close). */
+static inline int suite_kept(peer_mech_t m)
+{
+    return m == PEER_POOL_PINNED ? 1 : 0;
+}
+
+/* The helper's live pool imports (-1 if it did not answer), how many of
+ * them were granted access, and in fds[0..*nfds) the fds they hold
+ * (OP_POOLS). */
+static inline int helper_pools(helper_t *h, int *granted, int *fds, int cap, int *nfds)
+{
+    peer_reply_t r = helper_call(h, (peer_cmd_t){.op = OP_POOLS});
+    *nfds = 0;
+    *granted = 0;
+    if (r.status != CUBUF_SUCCESS) return -1;
+    for (char *p = r.detail, *end; *nfds < cap; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        fds[(*nfds)++] = (int)v;
+    }
+    *granted = (int)(r.value >> 32);
+    return (int)(r.value & 0xffffffffu);
 }
 
 /* ---- scenarios ---- */
@@ -458,6 +540,8 @@ static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t
     fds_take(&my_fds, 0, -1);
     fds_take(&its_fds, h->pid, -1);
     size_t my_mem = peer_free_memory();
+    int my_pools = g_pw.n, its_granted = 0, its_res[64], its_nres = 0;
+    int its_pools = helper_pools(h, &its_granted, its_res, 64, &its_nres);
     size_t pos = len ? off : 0;
     uint64_t seed = size + off * 7 + len * 13 + m;
     char what[160];
@@ -532,12 +616,23 @@ static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t
         H_OK(h, .op = OP_CLEAR, .slot = 3);
     }
     peer_slot_clear(&me->slot[2]);
+    /* Each side imported one pool: a pinned one stays imported (granted
+     * access), a device one is gone; no other pool import is left. */
+    int k = suite_kept(m), its_k = st == CUBUF_SUCCESS ? k : 0;
+    int my_now = g_pw.n, its_now = helper_pools(h, &its_granted, its_res, 64, &its_nres);
+    if (my_now != my_pools + k || pw_ungranted() != 0 || its_now != its_pools + its_k || its_granted != its_now) {
+        fprintf(stderr, "  %s: pool imports: mine %d -> %d (%d never granted), the helper's %d -> %d (%d granted); "
+                "expected +%d and +%d, all granted\n", what, my_pools, my_now, pw_ungranted(), its_pools, its_now,
+                its_granted, k, its_k);
+        t_failures++;
+    }
+    g_kept_expected += (unsigned)k;
     if (!check_baselines) return; /* a warm-up: the driver may open files once per process */
     char who[200];
     snprintf(who, sizeof who, "%s, mine", what);
     T_CHECK(fds_back(who, &my_fds, -1));
     snprintf(who, sizeof who, "%s, the helper's", what);
-    T_CHECK(fds_back(who, &its_fds, -1));
+    T_CHECK(fds_back_except(who, &its_fds, -1, its_res, its_nres));
     T_CHECK(mem_back(what, my_mem));
 }
 
@@ -605,7 +700,7 @@ static inline void suite_duplicate(peer_t *me, helper_t *h, peer_mech_t m)
         cubuf_buffer_release(b[i]);
     }
     cubuf__drv.cuCtxSynchronize();
-    T_CHECK(track_end(what) == 0);
+    T_CHECK(track_end_kept(what, suite_kept(m)) == 0); /* one pool: a pinned import stays */
     cubuf_fault_count_calls(false);
     peer_reply_t r = H_OK(h, .op = OP_VERIFY, .slot = 1, .seed = seed + 5, .offset = 0);
     T_CHECK(r.value == 0);
@@ -653,7 +748,7 @@ static inline void suite_exporter_exits(peer_t *me, helper_t *h, peer_mech_t m)
         cubuf__drv.cuCtxSynchronize();
         cubuf_buffer_release(imp);
     }
-    T_CHECK(track_end(what) == 0);
+    T_CHECK(track_end_kept(what, suite_kept(m)) == 0); /* a pinned import stays, its exporter gone */
     T_CHECK(fds_back(what, &my_fds, -1));
     *h = helper_start();
 }
@@ -728,36 +823,39 @@ static inline void suite_exporter_killed(peer_t *me, helper_t *h, peer_mech_t m)
     *h = helper_start();
 }
 
-/* Fails each driver call of an import in turn (n = 1, 2, ...) until the
- * import succeeds: every failure leaves nothing imported or mapped (the
- * acquiring and releasing calls balance, fds and free memory are back) and
- * the descriptor usable; the final import reads the right data. */
-static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t export_flags)
+/* One pass of suite_faults over *d (the peer's slot 1, pattern `seed` from
+ * byte 4096): fails driver call n = 1, 2, ... of an import until the import
+ * succeeds. Every failure leaves nothing imported or mapped but what the
+ * library keeps on purpose: a pool import that a device was granted access
+ * to before the failure (pinned pools; never a device pool). The acquiring
+ * and releasing calls balance otherwise, fds and free memory are back, the
+ * descriptor stays usable; the final import reads the right data. With
+ * `fresh`, each attempt imports a pool this process holds no import of:
+ * after an attempt that left one kept, the peer exports again from a new
+ * pool, so that call n is the same step every time. */
+static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_flags, uint64_t seed,
+                                    cubuf_ipc_descriptor_t **d, bool fresh, const char *label)
 {
-    uint64_t seed = 0xfa0 + m;
-    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
-             .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
-            .status)
-        return;
-    cubuf_ipc_descriptor_t *d = suite_recv(h);
-    if (!d) return;
     static fd_snap_t fds0;
     fds_take(&fds0, 0, -1);
     size_t mem0 = peer_free_memory();
     unsigned n = 1, failures = 0, survived = 0;
-    for (; n < 200; n++) {
+    int kept_total = 0;
+    for (; n < 200 && *d; n++) {
+        unsigned grants0 = g_pw.grants;
+        int pools0 = g_pw.n;
         track_begin();
         cubuf_fault_fail_any_nth(n, CUDA_ERROR_OUT_OF_MEMORY);
         cubuf_buffer_t *b = NULL;
-        cubuf_status_t st = cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &b);
+        cubuf_status_t st = cubuf_buffer_from_ipc_descriptor(NULL, NULL, *d, CU_STREAM_LEGACY, &b);
         bool fired = cubuf_fault_fired();
-        char what[160];
+        char what[200];
         if (fired)
-            snprintf(what, sizeof what, "%s: import with driver call %u (%s) failing", peer_mech_name(m), n,
-                     cubuf_fault_fired_name());
+            snprintf(what, sizeof what, "%s: import %s with driver call %u (%s) failing", peer_mech_name(m), label,
+                     n, cubuf_fault_fired_name());
         else
-            snprintf(what, sizeof what, "%s: import with no call failing (call %u was past the end)",
-                     peer_mech_name(m), n);
+            snprintf(what, sizeof what, "%s: import %s with no call failing (call %u was past the end)",
+                     peer_mech_name(m), label, n);
         cubuf_fault_reset();
         if (!fired) {
             T_OK(st);
@@ -780,17 +878,54 @@ static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t
             }
         }
         cubuf__drv.cuCtxSynchronize();
-        T_CHECK(track_end(what) == 0);
+        /* kept: the pool imports this attempt granted access to (0 or 1) */
+        int kept = (int)(g_pw.grants - grants0);
+        if (kept > (fresh ? suite_kept(m) : 0) || (fresh && st == CUBUF_SUCCESS && kept != suite_kept(m))) {
+            fprintf(stderr, "  %s: %d pool import(s) granted access, expected %s%d\n", what, kept,
+                    st == CUBUF_SUCCESS ? "" : "at most ", fresh ? suite_kept(m) : 0);
+            t_failures++;
+        }
+        T_CHECK(track_end_kept(what, kept) == 0);
+        T_CHECK(g_pw.n == pools0 + kept && pw_ungranted() == 0);
         T_CHECK(fds_back(what, &fds0, -1));
         T_CHECK(mem_back(what, mem0));
+        kept_total += kept;
         if (!fired) break;
+        if (fresh && kept) {
+            /* that pool is imported for good now: a new one from the peer */
+            cubuf_ipc_descriptor_destroy(*d);
+            *d = NULL;
+            H_OK(h, .op = OP_CLEAR, .slot = 1);
+            if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
+                     .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
+                    .status == CUBUF_SUCCESS)
+                *d = suite_recv(h);
+            fds_take(&fds0, 0, -1); /* the new descriptor's fd */
+        }
     }
-    printf("  %s: import failed at each of its %u driver calls in turn (%u of them best-effort, "
-           "the import went on)\n",
-           peer_mech_name(m), failures, survived);
-    T_CHECK(n < 200 && failures > 0);
+    printf("  %s: import %s failed at each of its %u driver calls in turn (%u of them best-effort, "
+           "the import went on); %d pool import(s) kept\n",
+           peer_mech_name(m), label, failures, survived, kept_total);
+    T_CHECK(*d && n < 200 && failures > 0);
+}
+
+/* Fails each driver call of an import in turn (see suite_fault_pass): of a
+ * pool not imported yet, then, for pinned pools, of a pool whose import this
+ * process kept from a previous import (no new pool import, no new grant). */
+static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t export_flags)
+{
+    uint64_t seed = 0xfa0 + m;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
+             .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
+            .status)
+        return;
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    if (!d) return;
+    suite_fault_pass(h, m, export_flags, seed, &d, true, "of a new pool");
+    if (d && m == PEER_POOL_PINNED) suite_fault_pass(h, m, export_flags, seed, &d, false, "over a kept pool import");
     cubuf_ipc_descriptor_destroy(d);
     H_OK(h, .op = OP_CLEAR, .slot = 1);
+    (void)me;
 }
 
 /* A copy of d through the wire format, with its bytes changed by `edit`
@@ -871,9 +1006,10 @@ static inline void edit_scramble_legacy(uint8_t *b, size_t len)
 }
 
 /* Imports an altered descriptor expecting a failure whose detail holds
- * `piece` (NULL: any), with nothing left behind. */
+ * `piece` (NULL: any), with nothing left behind but `kept` pool imports
+ * (a pinned pool granted access before the failure). */
 static inline void suite_import_fails(peer_mech_t m, const cubuf_ipc_descriptor_t *bad,
-                                      cubuf_status_t expected, const char *piece, const char *what)
+                                      cubuf_status_t expected, const char *piece, const char *what, int kept)
 {
     static fd_snap_t fds0;
     fds_take(&fds0, 0, -1);
@@ -894,7 +1030,7 @@ static inline void suite_import_fails(peer_mech_t m, const cubuf_ipc_descriptor_
         cubuf_buffer_release(b);
     }
     cubuf__drv.cuCtxSynchronize();
-    T_CHECK(track_end(label) == 0);
+    T_CHECK(track_end_kept(label, kept) == 0);
     T_CHECK(fds_back(label, &fds0, -1));
 }
 
@@ -924,7 +1060,7 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
         /* a character device that is not a CUDA handle: the driver refuses it */
         bad = suite_altered(d, NULL, 1, nul, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, piece, "/dev/null as chunk 2");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, piece, "/dev/null as chunk 2", 0);
         cubuf_ipc_descriptor_destroy(bad);
         nul = open("/dev/null", O_RDWR | O_CLOEXEC);
         /* a regular file: refused before any driver call */
@@ -937,15 +1073,15 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
         close(file);
         bad = suite_altered(d, edit_vmm_double_chunks, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk 1 of", "chunks twice their size");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk 1 of", "chunks twice their size", 0);
         cubuf_ipc_descriptor_destroy(bad);
         bad = suite_altered(d, edit_vmm_swap_chunks, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk", "chunk sizes swapped");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "chunk", "chunk sizes swapped", 0);
         cubuf_ipc_descriptor_destroy(bad);
         bad = suite_altered(d, edit_vmm_small_granularity, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "granularity", "4 KiB granularity");
+        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "granularity", "4 KiB granularity", 0);
         cubuf_ipc_descriptor_destroy(bad);
         break;
     }
@@ -954,21 +1090,22 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
         bad = suite_altered(d, NULL, 0, nul, &st);
         T_OK(st);
         nul = -1; /* owned by bad now */
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "pool fd", "/dev/null as the pool fd");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "pool fd", "/dev/null as the pool fd", 0);
         cubuf_ipc_descriptor_destroy(bad);
         bad = suite_altered(d, edit_scramble_pool, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuMemPoolImportPointer", "scrambled export data");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuMemPoolImportPointer", "scrambled export data",
+                                      suite_kept(m)); /* the pool was imported and granted first */
         cubuf_ipc_descriptor_destroy(bad);
         break;
     case PEER_LEGACY:
         bad = suite_altered(d, edit_inflate, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "past the opened allocation", "size beyond the allocation");
+        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "past the opened allocation", "size beyond the allocation", 0);
         cubuf_ipc_descriptor_destroy(bad);
         bad = suite_altered(d, edit_scramble_legacy, -1, -1, &st);
         T_OK(st);
-        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuIpcOpenMemHandle", "scrambled handle");
+        if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuIpcOpenMemHandle", "scrambled handle", 0);
         cubuf_ipc_descriptor_destroy(bad);
         break;
     }
@@ -984,7 +1121,7 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
     }
     cubuf_buffer_release(b);
     cubuf__drv.cuCtxSynchronize();
-    T_CHECK(track_end(what) == 0);
+    T_CHECK(track_end(what) == 0); /* pinned: the kept pool import is reused, nothing new stays */
     cubuf_ipc_descriptor_destroy(d);
     H_OK(h, .op = OP_CLEAR, .slot = 1);
     T_CHECK(fds_back(what, &my_fds, -1));
@@ -1047,10 +1184,19 @@ static inline void suite_end_fds(const char *name, const fd_snap_t *start)
 {
     static fd_snap_t now;
     fds_take(&now, 0, -1);
+    int res[PW_MAX], nres = pw_residue_fds(res, PW_MAX);
+    int dropped = fds_drop_residue(start, &now, res, nres);
     char diff[2048];
     fds_diff(start, &now, diff, sizeof diff);
-    printf("  %s: fds %d at the start, %d at the end:%s\n", name, start->n, now.n, diff);
+    printf("  %s: fds %d at the start, %d at the end besides %d held by the %d pinned pool import(s) kept:%s\n",
+           name, start->n, now.n, dropped, g_pw.n, diff);
     T_CHECK(now.ok && now.n <= start->n + 8);
+    /* exactly the pinned pool imports the scenarios counted, each granted */
+    if (g_pw.n != (int)g_kept_expected || pw_ungranted() != 0) {
+        fprintf(stderr, "  %s: %d pool imports alive (%d never granted); expected %u, all granted\n", name,
+                g_pw.n, pw_ungranted(), g_kept_expected);
+        t_failures++;
+    }
 }
 
 /* Skips (exit 77) when the device cannot share memory by mechanism m. */

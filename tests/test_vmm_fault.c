@@ -20,7 +20,6 @@
 #define FREE_SLACK (16 * MIB) /* driver bookkeeping; any leak here is >= 64 MiB */
 
 static cubuf_resource_t *g_res;
-static unsigned char *g_host;
 static int g_warnings;
 
 static void on_warning(cubuf_status_t st, const char *msg, void *user)
@@ -29,29 +28,6 @@ static void on_warning(cubuf_status_t st, const char *msg, void *user)
     (void)user;
     g_warnings++;
     fprintf(stderr, "unexpected warning: %s\n", msg);
-}
-
-static unsigned char pattern_byte(size_t offset, unsigned seed)
-{
-    uint64_t x = (uint64_t)offset * 0x9E3779B97F4A7C15ull + seed * 0xD6E8FEB86659FD93ull;
-    return (unsigned char)(x >> 56);
-}
-
-static void write_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
-{
-    for (size_t i = 0; i < n; i++) g_host[i] = pattern_byte(base + i, seed);
-    T_CU(cuMemcpyHtoD, p, g_host, n);
-}
-
-static bool check_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
-{
-    T_CU(cuMemcpyDtoH, g_host, p, n);
-    for (size_t i = 0; i < n; i++)
-        if (g_host[i] != pattern_byte(base + i, seed)) {
-            fprintf(stderr, "pattern mismatch at %zu\n", base + i);
-            return false;
-        }
-    return true;
 }
 
 /* The buffer still works: a write and a read at its end, then the pattern back. */

@@ -10,42 +10,8 @@
 
 #define MIB ((size_t)1 << 20)
 #define GIB ((size_t)1 << 30)
-#define SCRATCH (64 * MIB)
 
 static size_t g_gran;
-static unsigned char *g_host;
-
-static unsigned char pattern_byte(size_t offset, unsigned seed)
-{
-    uint64_t x = (uint64_t)offset * 0x9E3779B97F4A7C15ull + seed * 0xD6E8FEB86659FD93ull;
-    return (unsigned char)(x >> 56);
-}
-
-static void write_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
-{
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < SCRATCH ? n - done : SCRATCH;
-        for (size_t i = 0; i < k; i++) g_host[i] = pattern_byte(base + done + i, seed);
-        T_CU(cuMemcpyHtoD, p + done, g_host, k);
-        done += k;
-    }
-}
-
-static bool check_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
-{
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < SCRATCH ? n - done : SCRATCH;
-        T_CU(cuMemcpyDtoH, g_host, p + done, k);
-        for (size_t i = 0; i < k; i++)
-            if (g_host[i] != pattern_byte(base + done + i, seed)) {
-                fprintf(stderr, "pattern mismatch at offset %zu: got 0x%02x\n", base + done + i,
-                        g_host[i]);
-                return false;
-            }
-        done += k;
-    }
-    return true;
-}
 
 /* Every 32-bit word of [p, p+n) equals v. */
 static bool check_words(CUdeviceptr p, size_t n, uint32_t v)

@@ -4,10 +4,47 @@
 
 #include "test.h"
 
+/* Host scratch for byte patterns; a test mallocs SCRATCH bytes into it. */
+static unsigned char *g_host;
+#define SCRATCH ((size_t)64 << 20)
+
+__attribute__((unused)) static unsigned char pattern_byte(size_t offset, unsigned seed)
+{
+    uint64_t x = (uint64_t)offset * 0x9E3779B97F4A7C15ull + seed * 0xD6E8FEB86659FD93ull;
+    return (unsigned char)(x >> 56);
+}
+
+/* Writes the pattern of logical offsets [base, base+n) at device address p. */
+__attribute__((unused)) static void write_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
+{
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < SCRATCH ? n - done : SCRATCH;
+        for (size_t i = 0; i < k; i++) g_host[i] = pattern_byte(base + done + i, seed);
+        T_CU(cuMemcpyHtoD, p + done, g_host, k);
+        done += k;
+    }
+}
+
+__attribute__((unused)) static bool check_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
+{
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < SCRATCH ? n - done : SCRATCH;
+        T_CU(cuMemcpyDtoH, g_host, p + done, k);
+        for (size_t i = 0; i < k; i++)
+            if (g_host[i] != pattern_byte(base + done + i, seed)) {
+                fprintf(stderr, "pattern mismatch at offset %zu (seed %u): got 0x%02x\n",
+                        base + done + i, seed, g_host[i]);
+                return false;
+            }
+        done += k;
+    }
+    return true;
+}
+
 /* The first use of a stream, a memset, a copy, a graph and of virtual
  * memory may make the driver allocate memory for itself, for good: do each
  * once before taking device-memory baselines. */
-static void warm_up(cubuf_resource_t *res, bool graph)
+__attribute__((unused)) static void warm_up(cubuf_resource_t *res, bool graph)
 {
     size_t gran = 0;
     T_REQUIRE(cubuf_vmm_granularity(res, &gran));
