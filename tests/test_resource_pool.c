@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "resource_pool.h"
 #include "test.h"
+#include "resource_test.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -75,11 +76,6 @@ static size_t settled_free(CUmemoryPool pool)
     T_CU(cuCtxSynchronize);
     if (pool) T_CU(cuMemPoolTrimTo, pool, 0);
     return t_free_device_memory();
-}
-
-static long long kib_delta(size_t now, size_t base)
-{
-    return ((long long)now - (long long)base) / (long long)1024;
 }
 
 /* Free memory must be back at `base` exactly. The driver may hand memory
@@ -158,45 +154,6 @@ static CUcontext current(void)
     CUcontext c = NULL;
     T_CU(cuCtxGetCurrent, &c);
     return c;
-}
-
-static unsigned long total_calls(void)
-{
-    unsigned long n = 0;
-    for (int i = 0; i < CUBUF_DRV_COUNT; i++) n += cubuf_fault_calls(cubuf__drv_name((cubuf_drv_id_t)i));
-    return n;
-}
-
-/* During a failed operation every handle the driver gave out was given back:
- * primary context retains, pools and allocations (counted calls; the
- * injected failure is the one call that did not happen). */
-static long succeeded(const char *const *names, const char *fired)
-{
-    long n = 0;
-    for (; *names; names++) n += (long)cubuf_fault_calls(*names) - (strcmp(fired, *names) == 0);
-    return n;
-}
-
-static void check_balanced(const char *what, unsigned nth, const char *fired)
-{
-    static const char *const retains[] = {"cuDevicePrimaryCtxRetain", NULL};
-    static const char *const releases[] = {"cuDevicePrimaryCtxRelease", NULL};
-    static const char *const creates[] = {"cuMemPoolCreate", NULL};
-    static const char *const destroys[] = {"cuMemPoolDestroy", NULL};
-    static const char *const allocs[] = {"cuMemAlloc", "cuMemAllocManaged", "cuMemHostAlloc",
-                                         "cuMemAllocHost", "cuMemAllocFromPoolAsync",
-                                         "cuMemAllocAsync", NULL};
-    static const char *const frees[] = {"cuMemFree", "cuMemFreeHost", "cuMemFreeAsync", NULL};
-    if (succeeded(retains, fired) != succeeded(releases, fired) ||
-        succeeded(creates, fired) != succeeded(destroys, fired) ||
-        succeeded(allocs, fired) != succeeded(frees, fired)) {
-        fprintf(stderr, "%s: failing call %u (%s) leaked: %ld/%ld retains/releases, %ld/%ld pools "
-                "created/destroyed, %ld/%ld allocations/frees\n",
-                what, nth, fired, succeeded(retains, fired), succeeded(releases, fired),
-                succeeded(creates, fired), succeeded(destroys, fired), succeeded(allocs, fired),
-                succeeded(frees, fired));
-        t_failures++;
-    }
 }
 
 /* Device memory: a device-side fill over the whole range read back at three
