@@ -273,6 +273,7 @@ typedef struct pool_entry {
     CUmemoryPool pool;
     unsigned refs;         /* pointers imported from it */
     uint64_t access_mask;  /* devices < 64 known to have read-write access */
+    bool kept;             /* a device was granted access: never destroyed (see keep_pool_import) */
     pool_ptr_t *ptrs;
 } pool_entry_t;
 
@@ -329,9 +330,27 @@ static cubuf_status_t grant_pool_access(pool_entry_t *e, const cubuf_context_t *
             cubuf__detail_append("granting device %d access to the imported pool", c->ordinal);
             return st;
         }
+        e->kept = true;
     }
     if (dev >= 0 && dev < 64) e->access_mask |= (uint64_t)1 << dev;
     return CUBUF_SUCCESS;
+}
+
+/* Whether a pool import stays in the registry for the life of the process.
+ * The driver (580, CUDA 13.0 on an H200) breaks pinned pools once a process
+ * destroys an imported pool that one of its devices was granted access to
+ * (cuMemPoolSetAccess on the import; in practice the pinned, host-NUMA pools,
+ * since an imported device pool is accessible from its resident device
+ * already): the next pinned pool the process creates fails
+ * cuMemAllocFromPoolAsync with CUDA_ERROR_OUT_OF_MEMORY. Revoking the grant
+ * before the destroy does not help; without a grant there is no failure. So
+ * an import that needed a grant is never destroyed: its pointers are still
+ * freed at each close, and a later descriptor of the same pool reuses it.
+ * The cost is one driver fd and the driver's bookkeeping per distinct
+ * exporter pool, until the process exits. */
+static bool keep_pool_import(const pool_entry_t *e)
+{
+    return e->kept;
 }
 
 /* Gives a pool import back: no pointer of it is left, and every free into
@@ -429,7 +448,11 @@ static cubuf_status_t import_pool(const cubuf_context_t *c, const cubuf_ipc_desc
     imp->base = p->ptr;
     goto out;
 undo:
-    if (new_entry) {
+    if (new_entry && keep_pool_import(e)) {
+        /* granted before the failure: it stays, with no pointer of its own */
+        e->next = pools;
+        pools = e;
+    } else if (new_entry) {
         destroy_pool_import(e);
         free(e);
     }
@@ -681,7 +704,7 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
         if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
         unlink_ptr(e, p);
         free(p);
-        if (--e->refs == 0) {
+        if (--e->refs == 0 && !keep_pool_import(e)) {
             /* The free must have completed before the pool import goes:
              * the driver (580, CUDA 13.0 on an H200) never releases an
              * imported pool destroyed while a free into it is pending. Its
@@ -689,11 +712,8 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
              * process exits, whatever runs later. Once the free has run,
              * cuMemPoolDestroy gives both back at once. Held under the lock,
              * so a concurrent import of this pool waits and imports it
-             * afresh. Open driver issue, not worked around: after giving
-             * back an imported pinned (host NUMA) pool that a device was
-             * granted access to, the first pinned pool the process creates
-             * next fails to allocate (CUDA_ERROR_OUT_OF_MEMORY); a second
-             * one works. Revoking the grant first does not help. */
+             * afresh. A pool import that needed an access grant (pinned
+             * pools) is never destroyed: see keep_pool_import. */
             cubuf_status_t ss = cubuf__stream_sync(token);
             if (ss != CUBUF_SUCCESS)
                 cubuf__warn(ss, "closing the last buffer of an imported pool: synchronizing the "

@@ -16,10 +16,11 @@
  *    per pool: importing the same descriptor twice gives two buffers over one
  *    driver import, and the driver free happens when the last of them closes.
  *    The pool import is counted too: when the last buffer of an imported
- *    pool closes, the process gives the pool import back
+ *    DEVICE pool closes, the process gives the pool import back
  *    (cuMemPoolDestroy), which closes the fd the driver holds for it and its
- *    mapping of the exporter's memory. A later descriptor of that pool
- *    imports it again.
+ *    mapping of the exporter's memory; a later descriptor of that pool
+ *    imports it again. Imported PINNED (host) pools are different: they stay
+ *    imported until the process exits (see "How long the memory lives").
  *  - VMM: virtual memory (<cubuf/vmm.h>) whose resource allows POSIX fd
  *    handles. The descriptor carries one fd per physical allocation that
  *    backs the buffer, in address order (cuMemExportToShareableHandle). The
@@ -45,6 +46,23 @@
  *    I holds the buffer, I's close still returns (success or a driver error,
  *    never a hang), but the contents are no longer defined. I closing (or
  *    exiting) first leaves E's buffer and data intact.
+ *    The pool import itself: closing I's last buffer of a device pool
+ *    destroys I's import of that pool. An imported pinned pool (host memory,
+ *    which I's device must be granted access to with cuMemPoolSetAccess)
+ *    stays imported in I until I's process exits, even after E destroyed the
+ *    pool or exited: I's pointers are still freed at each close, only the
+ *    pool import stays (one driver fd plus the driver's bookkeeping per
+ *    distinct exporter pool; on the H200 that bookkeeping includes device
+ *    memory on both sides while the import lives: about 2 MiB in I and
+ *    4 MiB in E for a 1 GiB pinned allocation, even after E destroyed its
+ *    pool), and a later descriptor of the same pool reuses it. Why: with
+ *    the driver this was built against (580, CUDA 13.0, H200), once a
+ *    process destroys an imported pool its device was granted access to, the
+ *    next pinned pool that process creates fails every allocation with
+ *    CUDA_ERROR_OUT_OF_MEMORY (revoking the grant first does not help).
+ *    Importing many short-lived pinned pools therefore costs an fd each: an
+ *    exporter should share one long-lived pinned pool rather than create one
+ *    per buffer.
  *  - VMM: the driver reference-counts physical allocations across processes;
  *    each process's mapping keeps them alive. Either order works: E closing
  *    or exiting first leaves I's mapping valid with its contents, and the
@@ -201,9 +219,10 @@ typedef struct cubuf_ipc_import_options {
  * options->device. `options` may be NULL (defaults). `stream` becomes the
  * imported buffer's deallocation stream: closing an imported pool buffer
  * frees it with cuMemFreeAsync on that stream, and when it is the last
- * buffer of its pool import, synchronizes the stream before giving the pool
- * import back (the driver never releases an imported pool destroyed while a
- * free into it is pending); closing a VMM or legacy import synchronizes it,
+ * buffer of a device pool import, synchronizes the stream before giving the
+ * pool import back (the driver never releases an imported pool destroyed
+ * while a free into it is pending; a pinned pool import is kept, see above);
+ * closing a VMM or legacy import synchronizes it,
  * then unmaps. A close on a capturing stream is refused with
  * CUBUF_ERROR_STREAM_CAPTURING and the buffer stays open (VMM and legacy: a
  * default stream whose synchronization would disturb a capture is skipped
