@@ -644,6 +644,29 @@ CUBUF_API cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf
 CUBUF_API cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_stats_t *stats);
 
 /**
+ * Grants (`grant` true: read-write) or revokes (`grant` false) access by
+ * device `peer` to the memory of a pool resource (a device pool or a pinned
+ * pool; cuMemPoolSetAccess). The grant covers the pool's existing and future
+ * allocations. On a device pool made without a private pool this is the
+ * device's default pool, shared with every user of it in the process.
+ * A device pool's own device always has access and cannot be changed.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, a resource that is not a pool
+ * resource, `peer` the device pool's own device), CUBUF_ERROR_OUT_OF_RANGE
+ * (`peer` is not a device; the detail names the valid range),
+ * CUBUF_ERROR_NOT_SUPPORTED (device `peer` cannot access the pool's device,
+ * cuDeviceCanAccessPeer), CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_set_peer_access(cubuf_resource_t *res, int peer, bool grant);
+
+/**
+ * Whether device `peer` has read-write access to the memory of a pool
+ * resource (cuMemPoolGetAccess); a device pool's own device always has.
+ * Returns as cubuf_resource_set_peer_access, without NOT_SUPPORTED.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res, int peer,
+                                                    bool *granted);
+
+/**
  * Allocates `size` bytes ordered on `stream` and returns a buffer that owns
  * them (deallocation stream: `stream`). Size 0 gives an open buffer of size 0
  * with pointer 0, and no driver call. Returns CUBUF_ERROR_OUT_OF_MEMORY,

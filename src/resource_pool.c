@@ -432,3 +432,67 @@ fail:
     cubuf__context_release(ctx);
     return st;
 }
+
+/* ---- peer access ------------------------------------------------------------ */
+
+/* The pool of a pool resource and the device `peer` names, validated. */
+static cubuf_status_t peer_target(const cubuf_resource_t *res, int peer, const char *what,
+                                  CUmemoryPool *pool, CUdevice *dev)
+{
+    CHECK_ARG(res, "%s: res is NULL", what);
+    CHECK_ARG(res->kind == CUBUF_RES_DEVICE_POOL || res->kind == CUBUF_RES_PINNED_POOL,
+              "%s: the resource is not a pool resource (device or pinned pool)", what);
+    cubuf_status_t st = cubuf__device_get(peer, dev);
+    if (st != CUBUF_SUCCESS) return st;
+    CHECK_ARG(res->kind != CUBUF_RES_DEVICE_POOL || peer != res->ctx->ordinal,
+              "%s: device %d owns the pool; its access cannot be changed", what, peer);
+    *pool = pool_of(res);
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_resource_set_peer_access(cubuf_resource_t *res, int peer, bool grant)
+{
+    static const char what[] = "cubuf_resource_set_peer_access";
+    CUmemoryPool pool;
+    CUdevice dev;
+    cubuf_status_t st = peer_target(res, peer, what, &pool, &dev);
+    if (st != CUBUF_SUCCESS) return st;
+    if (grant && res->kind == CUBUF_RES_DEVICE_POOL) {
+        int can = 0;
+        if ((st = CU(cuDeviceCanAccessPeer, &can, dev, res->ctx->device)) != CUBUF_SUCCESS) return st;
+        if (!can)
+            return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED, "%s: device %d cannot access the memory "
+                               "of device %d (no peer access between them)", what, peer,
+                               res->ctx->ordinal);
+    }
+    CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev},
+                            grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE};
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    st = CU(cuMemPoolSetAccess, pool, &desc, 1);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s device %d", grant ? "granting" : "revoking", peer);
+    return st;
+}
+
+cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res, int peer, bool *granted)
+{
+    static const char what[] = "cubuf_resource_peer_access";
+    CHECK_ARG(granted, "%s: granted is NULL", what);
+    CUmemoryPool pool;
+    CUdevice dev;
+    cubuf_status_t st;
+    if (res && res->kind == CUBUF_RES_DEVICE_POOL && peer == res->ctx->ordinal) {
+        *granted = true;
+        return CUBUF_SUCCESS;
+    }
+    if ((st = peer_target(res, peer, what, &pool, &dev)) != CUBUF_SUCCESS) return st;
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, (int)dev};
+    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    st = CU(cuMemPoolGetAccess, &flags, pool, &loc);
+    cubuf__ctx_pop(&g);
+    if (st == CUBUF_SUCCESS) *granted = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return st;
+}
