@@ -35,6 +35,12 @@ static cubuf_status_t check_ordinal(int ordinal, CUdevice *dev)
 
 cubuf_status_t cubuf__device_get(int ordinal, CUdevice *dev) { return check_ordinal(ordinal, dev); }
 
+cubuf_status_t cubuf__device_attr(CUdevice dev, CUdevice_attribute attr, int *value)
+{
+    *value = 0;
+    return CU(cuDeviceGetAttribute, value, attr, dev);
+}
+
 cubuf_status_t cubuf__context_for_device(int ordinal, cubuf_context_t **out)
 {
     CUdevice dev;

@@ -3,12 +3,6 @@
 
 #include "internal.h"
 
-static cubuf_status_t attr(CUdevice dev, CUdevice_attribute a, int *value)
-{
-    *value = 0;
-    return CU(cuDeviceGetAttribute, value, a, dev);
-}
-
 /* VMM granularity of a pinned, device-located allocation. */
 static cubuf_status_t granularity(CUdevice dev, CUmemAllocationGranularity_flags which, size_t *out)
 {
@@ -35,13 +29,13 @@ cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info)
     int v = 0;
     CHECK(CU(cuDeviceGetName, d.name, (int)sizeof d.name, dev));
     CHECK(CU(cuDeviceTotalMem, &d.total_memory, dev));
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &d.cc_major));
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &d.cc_minor));
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, &d.pci_bus_id));
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, &d.pci_device_id));
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, &d.pci_domain_id));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &d.cc_major));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &d.cc_minor));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, &d.pci_bus_id));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, &d.pci_device_id));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, &d.pci_domain_id));
 #define FLAG(field, a)           \
-    CHECK(attr(dev, (a), &v));   \
+    CHECK(cubuf__device_attr(dev, (a), &v));   \
     d.field = v != 0;
     FLAG(unified_addressing, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)
     FLAG(managed_memory, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)
@@ -54,7 +48,7 @@ cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info)
     FLAG(host_register, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)
     FLAG(can_map_host_memory, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)
 #undef FLAG
-    CHECK(attr(dev, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, &v));
+    CHECK(cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, &v));
     d.pool_handle_types = (unsigned)v;
     if (d.vmm_supported) {
         CHECK(granularity(dev, CU_MEM_ALLOC_GRANULARITY_MINIMUM, &d.granularity_minimum));

@@ -58,6 +58,8 @@ cubuf_status_t cubuf__context_for_device(int ordinal, cubuf_context_t **out);
 
 /* Validates a device ordinal (the message names the valid range). */
 cubuf_status_t cubuf__device_get(int ordinal, CUdevice *dev);
+/* One device attribute; *value is 0 when the query fails. */
+cubuf_status_t cubuf__device_attr(CUdevice dev, CUdevice_attribute attr, int *value);
 
 /* Makes `ctx` current for a while; restores the caller's context on pop.
  * Skips the push when ctx is already current (the common, fast case). */

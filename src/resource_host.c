@@ -42,12 +42,6 @@ static cubuf_status_t free_in_ctx(const cubuf_resource_t *res, const cubuf_buffe
     return st;
 }
 
-static cubuf_status_t device_attr(CUdevice dev, CUdevice_attribute attr, int *value)
-{
-    *value = 0;
-    return CU(cuDeviceGetAttribute, value, attr, dev);
-}
-
 static cubuf_status_t new_resource(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
                                    cubuf_context_t *ctx, const cubuf_resource_props_t *props,
                                    cubuf_resource_t **out)
@@ -150,7 +144,7 @@ cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location
                          preferred_location, n - 1);
         goto fail;
     }
-    CHECK(device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, &v));
+    CHECK(cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, &v));
     if (!v) {
         st = cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED, "device %d does not support managed memory",
                          ordinal);
@@ -160,7 +154,7 @@ cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location
         /* Advising or prefetching to a device needs concurrent managed access there. */
         CUdevice pref;
         CHECK(cubuf__device_get(preferred_location, &pref));
-        CHECK(device_attr(pref, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, &v));
+        CHECK(cubuf__device_attr(pref, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, &v));
         if (!v) {
             st = cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                              "device %d has no concurrent managed access: it cannot be a "

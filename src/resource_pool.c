@@ -187,16 +187,10 @@ static const cubuf_resource_vtbl_t graph_vtbl = {graph_allocate, graph_deallocat
 
 /* ---- creation ---------------------------------------------------------------- */
 
-static cubuf_status_t device_attr(const cubuf_context_t *ctx, CUdevice_attribute attr, int *value)
-{
-    *value = 0;
-    return CU(cuDeviceGetAttribute, value, attr, ctx->device);
-}
-
 static cubuf_status_t require_pools(const cubuf_context_t *ctx)
 {
     int v;
-    cubuf_status_t st = device_attr(ctx, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, &v);
+    cubuf_status_t st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, &v);
     if (st != CUBUF_SUCCESS) return st;
     if (!v)
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
@@ -207,7 +201,7 @@ static cubuf_status_t require_pools(const cubuf_context_t *ctx)
 static cubuf_status_t require_posix_fd_pools(const cubuf_context_t *ctx)
 {
     int v;
-    cubuf_status_t st = device_attr(ctx, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, &v);
+    cubuf_status_t st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, &v);
     if (st != CUBUF_SUCCESS) return st;
     if (!(v & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
@@ -346,7 +340,7 @@ static cubuf_status_t pinned_location(const cubuf_context_t *ctx, bool ipc, CUme
     int v;
     cubuf_status_t st;
     if (!ipc) {
-        if ((st = device_attr(ctx, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v)) !=
+        if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v)) !=
             CUBUF_SUCCESS)
             return st;
         if (!v)
@@ -356,7 +350,7 @@ static cubuf_status_t pinned_location(const cubuf_context_t *ctx, bool ipc, CUme
         loc->id = 0;
         return CUBUF_SUCCESS;
     }
-    if ((st = device_attr(ctx, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, &v)) !=
+    if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, &v)) !=
         CUBUF_SUCCESS)
         return st;
     if (!v)
@@ -364,7 +358,7 @@ static cubuf_status_t pinned_location(const cubuf_context_t *ctx, bool ipc, CUme
                            "device %d does not support host NUMA memory pools, which IPC-enabled "
                            "pinned pools need",
                            ctx->ordinal);
-    if ((st = device_attr(ctx, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, &v)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, &v)) != CUBUF_SUCCESS) return st;
     loc->type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
     loc->id = v >= 0 ? v : 0; /* -1: no NUMA; the single node is 0 */
     return CUBUF_SUCCESS;

@@ -388,25 +388,19 @@ static cubuf_status_t check_shape(const cubuf_vmm_options_t *o, const char *what
     return CUBUF_SUCCESS;
 }
 
-static cubuf_status_t device_attr(CUdevice dev, CUdevice_attribute attr, int *value)
-{
-    *value = 0;
-    return CU(cuDeviceGetAttribute, value, attr, dev);
-}
-
 /* Refuses what the device cannot do, naming it. */
 static cubuf_status_t check_support(vmm_res_t *vr, const char *what)
 {
     const cubuf_vmm_options_t *o = &vr->opts;
     int v = 0;
     cubuf_status_t st;
-    if ((st = device_attr(vr->device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &v)))
+    if ((st = cubuf__device_attr(vr->device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &v)))
         return st;
     if (!v)
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                            "%s: device %d does not support virtual memory management", what,
                            vr->ordinal);
-    if ((st = device_attr(vr->device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+    if ((st = cubuf__device_attr(vr->device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
                           &v)))
         return st;
     vr->rdma_supported = v != 0;
@@ -437,7 +431,7 @@ static cubuf_status_t check_support(vmm_res_t *vr, const char *what)
     };
     for (size_t i = 0; i < sizeof needs / sizeof needs[0]; i++) {
         if (!needs[i].wanted) continue;
-        if ((st = device_attr(vr->device, needs[i].attr, &v))) return st;
+        if ((st = cubuf__device_attr(vr->device, needs[i].attr, &v))) return st;
         if (!v)
             return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED, "%s: device %d does not support %s",
                                what, vr->ordinal, needs[i].feature);
