@@ -37,6 +37,23 @@ static void raw_pool_with_capture_query(void *p)
     raw_pool(p);
 }
 
+/* The floor of new_buffer, whose memory is ordered on the context's legacy
+ * stream: besides the capture query, the allocation must learn that the
+ * context is current (or push it) and so must the free, which may come from
+ * any thread: one cuCtxGetCurrent each. */
+static void raw_pool_with_context_queries(void *p)
+{
+    CUcontext cur = NULL;
+    B_CU(cuCtxGetCurrent, &cur);
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    B_CU(cuCtxGetCurrent, &cur);
+    B_CU(cuMemFreeAsync, d, a->stream);
+}
+
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -253,6 +270,29 @@ int main(void)
             .stream = env.stream,
             .raw = raw_pool,
             .lib = raw_pool_with_capture_query,
+            .arg = &arg,
+            .sample_s = 2e-3,
+            .max_batch = 2000,
+            .budget_s = 0.5,
+            .min_pairs = 9,
+            .max_pairs = 41,
+            .target = BENCH_TARGET_NONE,
+        };
+        bench_compare(&env, &c);
+    }
+
+    bench_note("raw = the same on the legacy stream; \"cubuf\" column = the same plus "
+               "cuStreamIsCapturing and two cuCtxGetCurrent (new_buffer's floor)");
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        alloc_arg_t arg = {sizes[k], CU_STREAM_LEGACY, NULL, env.ctx, default_pool};
+        bench_case_t c = {
+            .group = "floor",
+            .name = "legacy+context_queries",
+            .size = sizes[k],
+            .mode = BENCH_LATENCY,
+            .stream = CU_STREAM_LEGACY,
+            .raw = raw_pool,
+            .lib = raw_pool_with_context_queries,
             .arg = &arg,
             .sample_s = 2e-3,
             .max_batch = 2000,

@@ -229,7 +229,10 @@ CUBUF_API cubuf_status_t cubuf_context_synchronize(cubuf_context_t *ctx);
  * Live bytes of the buffers made through this context (new_buffer,
  * new_host_buffer, buffer_from_data, copy_to without destination of such a
  * buffer), exported ones included: rises by n on allocation and falls by n
- * when the buffer is closed. Views and imported buffers do not count.
+ * when the buffer is closed. Views and imported buffers do not count. These
+ * buffers come from the context's two pools (cubuf_buffer_resource of one of
+ * them), so the figure is the live bytes of those pools: an allocation made
+ * directly from such a pool counts too.
  */
 CUBUF_API cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t *bytes);
 

@@ -80,12 +80,6 @@ void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res)
                  (res->props.managed ? CUBUF__MANAGED : 0);
 }
 
-void cubuf__buffer_count_in(cubuf_buffer_t *buf, cubuf_context_t *ctx)
-{
-    buf->ctx = cubuf__context_retain(ctx);
-    atomic_fetch_add_explicit(&ctx->bytes_allocated, buf->size, memory_order_relaxed);
-}
-
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what)
 {
     if (buf->closed) return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the buffer is closed", what);
@@ -95,9 +89,7 @@ cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *w
 /* The context a default deallocation stream binds to when none is current. */
 static CUcontext fallback_ctx(const cubuf_buffer_t *buf)
 {
-    if (buf->resource && buf->resource->ctx) return buf->resource->ctx->handle;
-    if (buf->ctx) return buf->ctx->handle;
-    return NULL;
+    return buf->resource && buf->resource->ctx ? buf->resource->ctx->handle : NULL;
 }
 
 /* Reads what the driver knows of ptr: device, accessibility, managed. */
@@ -180,7 +172,7 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
     buf->resource = resource;
     /* Host-only resources order nothing on a device and need no context. */
     if (resource->props.device_accessible) {
-        st = cubuf__stream_record(&buf->dealloc, stream, fallback_ctx(buf));
+        st = cubuf__stream_record(&buf->dealloc, stream, fallback_ctx(buf), NULL);
     } else {
         buf->dealloc.stream = stream;
     }
@@ -188,8 +180,7 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
         cubuf__buffer_discard(buf);
         return st;
     }
-    cubuf_resource_retain(resource);
-    if (size) cubuf__stats_add(resource, size);
+    cubuf__resource_hold(resource, size);
     *out = buf;
     return CUBUF_SUCCESS;
 }
@@ -228,12 +219,6 @@ static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
     if (res && buf->ptr) {
         cubuf_status_t st = res->vt->deallocate(res, buf, &buf->dealloc);
         if (st != CUBUF_SUCCESS) return st; /* refused or failed: the buffer stays open */
-        if (!res->vt->manages_stats) cubuf__stats_sub(res, buf->size);
-    }
-    if (buf->ctx) {
-        atomic_fetch_sub_explicit(&buf->ctx->bytes_allocated, buf->size, memory_order_relaxed);
-        cubuf__context_release(buf->ctx);
-        buf->ctx = NULL;
     }
     if (buf->owner_release) buf->owner_release(buf->owner);
     buf->owner_release = NULL;
@@ -241,7 +226,8 @@ static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
     cubuf_buffer_release(buf->parent);
     buf->parent = NULL;
     buf->resource = NULL;
-    cubuf_resource_release(res);
+    /* Statistics count buffers of size > 0 (see cubuf__resource_allocate). */
+    cubuf__resource_drop(res, res && !res->vt->manages_stats ? buf->size : 0);
     buf->closed = true;
     buf->ptr = 0;
     buf->size = 0;
@@ -267,16 +253,21 @@ cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream stream)
     return st;
 }
 
+/* The last release. A caller holding the only reference needs no atomic
+ * read-modify-write to know it: nobody else can retain the buffer. */
 void cubuf_buffer_release(cubuf_buffer_t *buf)
 {
-    if (!buf || atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1) return;
+    if (!buf) return;
+    if (atomic_load_explicit(&buf->refs, memory_order_acquire) == 1)
+        atomic_store_explicit(&buf->refs, 0, memory_order_relaxed);
+    else if (atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1)
+        return;
     cubuf_status_t st = close_buffer(buf);
     if (st != CUBUF_SUCCESS) {
         cubuf__warn(st, "the last release of a buffer could not close it; its memory is lost: %s",
                     cubuf_last_error());
         cubuf_resource_release(buf->resource);
         cubuf_buffer_release(buf->parent);
-        if (buf->ctx) cubuf__context_release(buf->ctx);
     }
     cubuf__buffer_discard(buf);
 }
@@ -292,7 +283,7 @@ cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstrea
         return CUBUF_SUCCESS;
     }
     cubuf_stream_token_t t;
-    if ((st = cubuf__stream_record(&t, stream, fallback_ctx(buf))) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__stream_record(&t, stream, fallback_ctx(buf), NULL)) != CUBUF_SUCCESS) return st;
     buf->dealloc = t;
     return CUBUF_SUCCESS;
 }

@@ -64,7 +64,9 @@ cubuf_status_t cubuf__context_for_device(int ordinal, cubuf_context_t **out)
 cubuf_status_t cubuf_context_create(int ordinal, cubuf_context_t **out)
 {
     CHECK_ARG(out, "cubuf_context_create: out is NULL");
-    return cubuf__context_for_device(ordinal, out);
+    cubuf_status_t st = cubuf__context_for_device(ordinal, out);
+    if (st == CUBUF_SUCCESS) atomic_init(&(*out)->users, 1);
+    return st;
 }
 
 cubuf_status_t cubuf_context_wrap(CUcontext handle, cubuf_context_t **out)
@@ -88,6 +90,7 @@ cubuf_status_t cubuf_context_wrap(CUcontext handle, cubuf_context_t **out)
     cubuf_context_t *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a context");
     atomic_init(&ctx->refs, 1);
+    atomic_init(&ctx->users, 1);
     ctx->handle = handle;
     ctx->device = dev;
     ctx->ordinal = ordinal;
@@ -105,8 +108,6 @@ cubuf_context_t *cubuf__context_retain(cubuf_context_t *ctx)
 void cubuf__context_release(cubuf_context_t *ctx)
 {
     if (!ctx || atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1) return;
-    cubuf_resource_release((cubuf_resource_t *)atomic_load(&ctx->device_pool));
-    cubuf_resource_release((cubuf_resource_t *)atomic_load(&ctx->host_pool));
     if (ctx->primary) {
         cubuf_status_t st = CU(cuDevicePrimaryCtxRelease, ctx->device);
         if (st != CUBUF_SUCCESS) cubuf__warn(st, "releasing the primary context: %s", cubuf_last_error());
@@ -114,7 +115,16 @@ void cubuf__context_release(cubuf_context_t *ctx)
     free(ctx);
 }
 
-void cubuf_context_destroy(cubuf_context_t *ctx) { cubuf__context_release(ctx); }
+/* The context's pools hold it, and the context holds its pools while it has
+ * users: the last user's reference drops the pools, which live on while
+ * buffers from them are open, and the context with the last of them. */
+void cubuf_context_destroy(cubuf_context_t *ctx)
+{
+    if (!ctx || atomic_fetch_sub_explicit(&ctx->users, 1, memory_order_acq_rel) != 1) return;
+    cubuf_resource_release((cubuf_resource_t *)atomic_exchange(&ctx->device_pool, 0));
+    cubuf_resource_release((cubuf_resource_t *)atomic_exchange(&ctx->host_pool, 0));
+    cubuf__context_release(ctx);
+}
 
 cubuf_status_t cubuf_context_device(const cubuf_context_t *ctx, int *ordinal)
 {
@@ -144,7 +154,15 @@ cubuf_status_t cubuf_context_synchronize(cubuf_context_t *ctx)
 cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t *bytes)
 {
     CHECK_ARG(ctx && bytes, "cubuf_context_bytes_allocated: NULL argument");
-    *bytes = atomic_load_explicit(&ctx->bytes_allocated, memory_order_relaxed);
+    /* Everything counted comes from the context's two pools. */
+    size_t total = 0;
+    const atomic_uintptr_t *slots[] = {&ctx->device_pool, &ctx->host_pool};
+    for (size_t i = 0; i < 2; i++) {
+        const cubuf_resource_t *res = (const cubuf_resource_t *)atomic_load(slots[i]);
+        cubuf_resource_stats_t s;
+        if (res && cubuf_resource_stats(res, &s) == CUBUF_SUCCESS) total += s.current_bytes;
+    }
+    *bytes = total;
     return CUBUF_SUCCESS;
 }
 

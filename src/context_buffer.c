@@ -3,20 +3,23 @@
  * get_device_address. */
 #include <limits.h>
 
-#include "internal.h"
+#include "resource_pool.h"
 
 /* ---- the context's lazily made pools ---------------------------------------- */
 
-typedef cubuf_status_t (*make_pool_fn)(const cubuf_context_t *ctx, cubuf_resource_t **out);
+typedef cubuf_status_t (*make_pool_fn)(cubuf_context_t *ctx, cubuf_resource_t **out);
 
-static cubuf_status_t make_device_pool(const cubuf_context_t *ctx, cubuf_resource_t **out)
+/* The pools live in the context itself (a wrapped context included) and
+ * hold it: buffers from them keep it alive. */
+static cubuf_status_t make_device_pool(cubuf_context_t *ctx, cubuf_resource_t **out)
 {
-    return cubuf_device_resource_create(ctx->ordinal, NULL, out);
+    const cubuf_device_resource_options_t defaults = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    return cubuf__device_pool_make(cubuf__context_retain(ctx), &defaults, out);
 }
 
-static cubuf_status_t make_host_pool(const cubuf_context_t *ctx, cubuf_resource_t **out)
+static cubuf_status_t make_host_pool(cubuf_context_t *ctx, cubuf_resource_t **out)
 {
-    return cubuf_pinned_resource_create(ctx->ordinal, false, out);
+    return cubuf__pinned_pool_make(cubuf__context_retain(ctx), false, out);
 }
 
 /* The resource in *slot, made on first use. Two threads may both make one;
@@ -44,7 +47,7 @@ static cubuf_status_t context_pool(cubuf_context_t *ctx, atomic_uintptr_t *slot,
 }
 
 /* Allocates from one of the context's pools, ordered on the context's legacy
- * default stream, and counts the buffer in ctx->bytes_allocated. */
+ * default stream. The pool's statistics are the context's bytes_allocated. */
 static cubuf_status_t context_allocate(cubuf_context_t *ctx, atomic_uintptr_t *slot, make_pool_fn make,
                                        size_t size, cubuf_buffer_t **out)
 {
@@ -53,14 +56,11 @@ static cubuf_status_t context_allocate(cubuf_context_t *ctx, atomic_uintptr_t *s
     if (st != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
     if ((st = cubuf__ctx_push(ctx->handle, &g)) != CUBUF_SUCCESS) return st;
-    /* Pushed, so the legacy stream is recorded as this context's. */
-    cubuf_buffer_t *buf = NULL;
-    st = cubuf_resource_allocate(res, size, CU_STREAM_LEGACY, &buf);
+    /* Current now: the legacy stream is recorded as this context's with no
+     * further query. */
+    st = cubuf__resource_allocate(res, size, CU_STREAM_LEGACY, ctx->handle, out);
     cubuf__ctx_pop(&g);
-    if (st != CUBUF_SUCCESS) return st;
-    cubuf__buffer_count_in(buf, ctx);
-    *out = buf;
-    return CUBUF_SUCCESS;
+    return st;
 }
 
 cubuf_status_t cubuf_context_new_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out)

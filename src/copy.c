@@ -16,7 +16,6 @@ CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf)
     /* A slice owns nothing itself: its memory is its parent's. */
     for (const cubuf_buffer_t *b = buf; b; b = b->parent) {
         if (b->resource && b->resource->ctx) return b->resource->ctx->handle;
-        if (b->ctx) return b->ctx->handle;
     }
     return NULL;
 }
@@ -206,7 +205,6 @@ cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **
     cubuf_buffer_t *out = NULL;
     if ((st = cubuf_resource_allocate(src->resource, src->size, stream, &out)) != CUBUF_SUCCESS)
         return st;
-    if (src->ctx) cubuf__buffer_count_in(out, src->ctx);
     if ((st = cubuf_buffer_copy_from(out, src, stream, options)) != CUBUF_SUCCESS) {
         /* Freed on `stream`, after whatever part of the copy was enqueued. */
         cubuf_buffer_release(out);

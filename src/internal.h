@@ -39,12 +39,14 @@ void cubuf__set_last_cu(CUresult r);
 /* ---- contexts (context.c) -------------------------------------------------- */
 
 struct cubuf_context {
-    atomic_int refs;
+    atomic_int refs;  /* every holder: the users together count once, each resource once */
+    atomic_int users; /* public references (create, wrap); the last one drops the pools */
     CUcontext handle;
     CUdevice device;
     int ordinal;
     bool primary;                 /* retained primary context: release at the end */
-    atomic_size_t bytes_allocated;
+    /* The context's pools, made on first use. Each holds the context, so
+     * buffers from them keep it alive; bytes_allocated is their live bytes. */
     atomic_uintptr_t device_pool; /* cubuf_resource_t*, made on first new_buffer */
     atomic_uintptr_t host_pool;   /* cubuf_resource_t*, made on first new_host_buffer */
 };
@@ -79,8 +81,10 @@ typedef struct cubuf_stream_token {
 
 bool cubuf__stream_is_default(CUstream s);
 /* Records `s`; a default stream binds to the current context, else to `fallback`.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT when neither exists. */
-cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback);
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT when neither exists. *current (may be
+ * NULL) tells whether the bound context is the current one. */
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback,
+                                    bool *current);
 /* Capture status of a stream (default streams queried inside `ctx`). A
  * default stream whose query reports an implicit dependency on a capturing
  * stream reads as CU_STREAM_CAPTURE_STATUS_ACTIVE. */
@@ -89,6 +93,11 @@ cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamC
 cubuf_status_t cubuf__stream_refuse_capture(CUstream s, CUcontext ctx, const char *what);
 /* Synchronizes a recorded stream in its context. */
 cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t);
+/* Before a synchronous free: synchronizes the deallocation stream, after
+ * refusing (CUBUF_ERROR_STREAM_CAPTURING, naming a `kind` buffer) a stream
+ * that captures or that a capture depends on, since synchronizing it would
+ * invalidate the capture. The buffer then stays open. */
+cubuf_status_t cubuf__stream_sync_for_free(const cubuf_stream_token_t *t, const char *kind);
 
 /* ---- resources (resource.c) ----------------------------------------------- */
 
@@ -105,11 +114,13 @@ typedef enum cubuf_resource_kind {
 } cubuf_resource_kind_t;
 
 /* Operations of the built-in resources. allocate sets buf->ptr (and
- * buf->impl) for buf->size > 0 bytes; deallocate frees them, ordered on the
- * token, and may refuse (buffer stays open) by returning an error before
- * changing anything. */
+ * buf->impl) for buf->size > 0 bytes; `in_ctx` says the context a default
+ * stream is bound to (buf->dealloc.ctx) is already current. deallocate frees
+ * them, ordered on the token, and may refuse (buffer stays open) by
+ * returning an error before changing anything. */
 typedef struct cubuf_resource_vtbl {
-    cubuf_status_t (*allocate)(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream);
+    cubuf_status_t (*allocate)(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                               bool in_ctx);
     cubuf_status_t (*deallocate)(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                  const cubuf_stream_token_t *token);
     void (*destroy)(cubuf_resource_t *res);
@@ -119,13 +130,14 @@ typedef struct cubuf_resource_vtbl {
 
 struct cubuf_resource {
     const cubuf_resource_vtbl_t *vt;
-    atomic_int refs;
     cubuf_resource_kind_t kind;
     cubuf_resource_props_t props;
     cubuf_context_t *ctx; /* device context (retained), NULL for user resources */
-    /* statistics */
-    atomic_size_t cur_bytes, peak_bytes, cur_count, peak_count;
-    atomic_uint_least64_t total;
+    /* References and statistics, under one spin lock (resource.c says why). */
+    atomic_bool lock;
+    size_t refs; /* holders: callers and open buffers */
+    size_t cur_bytes, peak_bytes, cur_count, peak_count;
+    uint64_t total;
     /* user resources */
     cubuf_resource_ops_t user_ops;
     void *user_state;
@@ -137,8 +149,18 @@ struct cubuf_resource {
 /* Allocates a zeroed resource with one reference. */
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
                                    cubuf_context_t *ctx, cubuf_resource_t **out);
+/* Statistics of one allocation of `bytes` > 0 made or freed (no reference). */
 void cubuf__stats_add(cubuf_resource_t *res, size_t bytes);
 void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes);
+/* A buffer's hold on its resource: one reference, and, for bytes > 0, the
+ * allocation in the statistics, in one critical section. drop releases the
+ * reference (destroying the resource when it was the last). */
+void cubuf__resource_hold(cubuf_resource_t *res, size_t bytes);
+void cubuf__resource_drop(cubuf_resource_t *res, size_t bytes);
+/* cubuf_resource_allocate for callers that already made `current` current
+ * (a default stream then binds to it with no driver query); NULL: unknown. */
+cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
+                                        CUcontext current, cubuf_buffer_t **out);
 
 /* ---- buffers (buffer.c) ---------------------------------------------------- */
 
@@ -161,7 +183,6 @@ struct cubuf_buffer {
     void *owner;
     cubuf_owner_release_fn owner_release;
     cubuf_buffer_t *parent;     /* slices: retained parent */
-    cubuf_context_t *ctx;       /* counted in ctx->bytes_allocated (retained) */
     void *impl;                 /* resource-private (a VMM range, an IPC import) */
 };
 
@@ -171,8 +192,6 @@ cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out);
 void cubuf__buffer_discard(cubuf_buffer_t *buf);
 /* Sets device_id and flags from the resource's properties. */
 void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res);
-/* Counts the buffer in ctx->bytes_allocated (and keeps ctx alive). */
-void cubuf__buffer_count_in(cubuf_buffer_t *buf, cubuf_context_t *ctx);
 /* Returns CUBUF_ERROR_CLOSED (naming `what`) if buf is closed. */
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what);
 

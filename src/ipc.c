@@ -608,7 +608,8 @@ static cubuf_status_t import_legacy(const cubuf_ipc_descriptor_t *d, ipc_import_
 
 /* ---- imported resources ---- */
 
-static cubuf_status_t imported_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
+static cubuf_status_t imported_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                        bool in_ctx)
 {
     return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                        "an imported IPC mapping cannot allocate: allocate from a resource of "
@@ -801,7 +802,7 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
         goto fail;
     }
     CHECK(cubuf__ctx_push(c->handle, &g));
-    CHECK(cubuf__stream_record(&buf->dealloc, stream, c->handle));
+    CHECK(cubuf__stream_record(&buf->dealloc, stream, c->handle, NULL));
     switch (desc->mechanism) {
     case CUBUF_IPC_MECHANISM_POOL: CHECK(import_pool(c, desc, imp)); break;
     case CUBUF_IPC_MECHANISM_VMM: CHECK(import_vmm(c, o.access, desc, imp)); break;

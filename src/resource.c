@@ -1,16 +1,49 @@
 /* The resource interface: references, properties, statistics, allocation,
  * and user-defined resources. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* References and statistics change with every allocation and free, from
+ * any thread. They share one spin lock rather than being separate atomics:
+ * an allocate + free then pays two atomic read-modify-writes (one per lock)
+ * where separate counters cost seven (reference, bytes, count, total, peaks,
+ * and back), and readers get a consistent snapshot. A critical section is a
+ * few additions; a waiter spins briefly, then yields, in case the holder was
+ * preempted. */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+static void res_lock(cubuf_resource_t *res)
+{
+    unsigned spins = 0;
+    while (atomic_exchange_explicit(&res->lock, true, memory_order_acquire)) {
+        while (atomic_load_explicit(&res->lock, memory_order_relaxed)) {
+            if (++spins < 256) cpu_relax();
+            else sched_yield();
+        }
+    }
+}
+
+static void res_unlock(cubuf_resource_t *res)
+{
+    atomic_store_explicit(&res->lock, false, memory_order_release);
+}
 
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
                                    cubuf_context_t *ctx, cubuf_resource_t **out)
 {
     cubuf_resource_t *res = calloc(1, sizeof *res);
     if (!res) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
-    atomic_init(&res->refs, 1);
+    atomic_init(&res->lock, false);
+    res->refs = 1;
     res->vt = vt;
     res->kind = kind;
     res->ctx = ctx;
@@ -20,18 +53,70 @@ cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resour
     return CUBUF_SUCCESS;
 }
 
-cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res)
+static void resource_destroy(cubuf_resource_t *res)
 {
-    if (res) atomic_fetch_add_explicit(&res->refs, 1, memory_order_relaxed);
-    return res;
-}
-
-void cubuf_resource_release(cubuf_resource_t *res)
-{
-    if (!res || atomic_fetch_sub_explicit(&res->refs, 1, memory_order_acq_rel) != 1) return;
     if (res->vt->destroy) res->vt->destroy(res);
     cubuf__context_release(res->ctx);
     free(res);
+}
+
+/* Statistics updates; the lock is held. */
+static void stats_add_locked(cubuf_resource_t *res, size_t bytes)
+{
+    res->cur_bytes += bytes;
+    res->cur_count++;
+    res->total++;
+    if (res->cur_bytes > res->peak_bytes) res->peak_bytes = res->cur_bytes;
+    if (res->cur_count > res->peak_count) res->peak_count = res->cur_count;
+}
+
+static void stats_sub_locked(cubuf_resource_t *res, size_t bytes)
+{
+    res->cur_bytes -= bytes;
+    res->cur_count--;
+}
+
+cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res)
+{
+    if (!res) return NULL;
+    res_lock(res);
+    res->refs++;
+    res_unlock(res);
+    return res;
+}
+
+void cubuf_resource_release(cubuf_resource_t *res) { cubuf__resource_drop(res, 0); }
+
+void cubuf__resource_hold(cubuf_resource_t *res, size_t bytes)
+{
+    res_lock(res);
+    res->refs++;
+    if (bytes) stats_add_locked(res, bytes);
+    res_unlock(res);
+}
+
+void cubuf__resource_drop(cubuf_resource_t *res, size_t bytes)
+{
+    if (!res) return;
+    res_lock(res);
+    if (bytes) stats_sub_locked(res, bytes);
+    bool last = --res->refs == 0;
+    res_unlock(res);
+    if (last) resource_destroy(res);
+}
+
+void cubuf__stats_add(cubuf_resource_t *res, size_t bytes)
+{
+    res_lock(res);
+    stats_add_locked(res, bytes);
+    res_unlock(res);
+}
+
+void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes)
+{
+    res_lock(res);
+    stats_sub_locked(res, bytes);
+    res_unlock(res);
 }
 
 cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props)
@@ -44,61 +129,40 @@ cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_
     return CUBUF_SUCCESS;
 }
 
-static void raise_peak(atomic_size_t *peak, size_t value)
-{
-    size_t old = atomic_load_explicit(peak, memory_order_relaxed);
-    while (value > old &&
-           !atomic_compare_exchange_weak_explicit(peak, &old, value, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
-}
-
-void cubuf__stats_add(cubuf_resource_t *res, size_t bytes)
-{
-    size_t b = atomic_fetch_add_explicit(&res->cur_bytes, bytes, memory_order_relaxed) + bytes;
-    size_t c = atomic_fetch_add_explicit(&res->cur_count, 1, memory_order_relaxed) + 1;
-    atomic_fetch_add_explicit(&res->total, 1, memory_order_relaxed);
-    raise_peak(&res->peak_bytes, b);
-    raise_peak(&res->peak_count, c);
-}
-
-void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes)
-{
-    atomic_fetch_sub_explicit(&res->cur_bytes, bytes, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&res->cur_count, 1, memory_order_relaxed);
-}
-
 cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_stats_t *stats)
 {
     CHECK_ARG(res && stats, "cubuf_resource_stats: NULL argument");
-    stats->current_bytes = atomic_load_explicit(&res->cur_bytes, memory_order_relaxed);
-    stats->peak_bytes = atomic_load_explicit(&res->peak_bytes, memory_order_relaxed);
-    stats->current_count = atomic_load_explicit(&res->cur_count, memory_order_relaxed);
-    stats->peak_count = atomic_load_explicit(&res->peak_count, memory_order_relaxed);
-    stats->total_allocations = atomic_load_explicit(&res->total, memory_order_relaxed);
+    cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
+    res_lock(r);
+    stats->current_bytes = r->cur_bytes;
+    stats->peak_bytes = r->peak_bytes;
+    stats->current_count = r->cur_count;
+    stats->peak_count = r->peak_count;
+    stats->total_allocations = r->total;
+    res_unlock(r);
     return CUBUF_SUCCESS;
 }
 
-cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
-                                       cubuf_buffer_t **out)
+cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
+                                        CUcontext current, cubuf_buffer_t **out)
 {
-    CHECK_ARG(res && out, "cubuf_resource_allocate: NULL argument");
     cubuf_buffer_t *buf = NULL;
     cubuf_status_t st = cubuf__buffer_new(&buf);
     if (st != CUBUF_SUCCESS) return st;
     buf->size = size;
     cubuf__buffer_take_props(buf, res);
-    if (res->props.device_accessible) {
-        CUcontext fallback = res->ctx ? res->ctx->handle : NULL;
-        CHECK(cubuf__stream_record(&buf->dealloc, stream, fallback));
+    bool in_ctx = true;
+    if (!res->props.device_accessible) {
+        buf->dealloc.stream = stream; /* host memory: no context to bind to */
+    } else if (current && cubuf__stream_is_default(stream)) {
+        buf->dealloc = (cubuf_stream_token_t){stream, current};
     } else {
-        buf->dealloc.stream = stream;
+        CUcontext fallback = res->ctx ? res->ctx->handle : NULL;
+        CHECK(cubuf__stream_record(&buf->dealloc, stream, fallback, &in_ctx));
     }
-    if (size) {
-        CHECK(res->vt->allocate(res, buf, stream));
-        if (!res->vt->manages_stats) cubuf__stats_add(res, size);
-    }
-    buf->resource = cubuf_resource_retain(res);
+    if (size) CHECK(res->vt->allocate(res, buf, stream, in_ctx));
+    cubuf__resource_hold(res, size && !res->vt->manages_stats ? size : 0);
+    buf->resource = res;
     *out = buf;
     return CUBUF_SUCCESS;
 fail:
@@ -106,10 +170,19 @@ fail:
     return st;
 }
 
+cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
+                                       cubuf_buffer_t **out)
+{
+    CHECK_ARG(res && out, "cubuf_resource_allocate: NULL argument");
+    return cubuf__resource_allocate(res, size, stream, NULL, out);
+}
+
 /* ---- user-defined resources ---- */
 
-static cubuf_status_t user_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
+static cubuf_status_t user_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                    bool in_ctx)
 {
+    (void)in_ctx; /* user allocations run in the caller's context, as called */
     CUdeviceptr p = 0;
     cubuf_status_t st = res->user_ops.allocate(res->user_state, buf->size, stream, &p);
     if (st != CUBUF_SUCCESS)

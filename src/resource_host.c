@@ -7,34 +7,27 @@
 
 /* ---- shared --------------------------------------------------------------- */
 
-/* Closing synchronizes the recorded stream. Synchronizing a capturing stream
- * (or the legacy stream another stream's capture depends on) would
- * invalidate that capture, so it is refused first and the buffer stays open. */
-static cubuf_status_t sync_before_free(const cubuf_stream_token_t *token, const char *kind)
+static const char *kind_name(cubuf_resource_kind_t kind)
 {
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    cubuf_status_t st = cubuf__stream_capture_status(token->stream, token->ctx, &cs);
-    if (st != CUBUF_SUCCESS) return st;
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-        return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
-                           "closing a %s buffer synchronizes its deallocation stream, which is "
-                           "capturing (or a capture depends on it); the buffer stays open (close "
-                           "it on a stream that is not capturing)",
-                           kind);
-    return cubuf__stream_sync(token);
+    switch (kind) {
+    case CUBUF_RES_MANAGED: return "managed";
+    case CUBUF_RES_LEGACY_PINNED: return "legacy pinned";
+    default: return "synchronous device";
+    }
 }
 
-/* Runs the synchronous free inside the resource's context (the last release
- * may come from a thread with no current context). */
-typedef enum free_kind { FREE_DEVICE, FREE_HOST } free_kind_t;
-
-static cubuf_status_t free_in_ctx(const cubuf_resource_t *res, const cubuf_buffer_t *buf,
-                                  free_kind_t kind)
+/* The free of all three: synchronize the recorded stream (refused while it
+ * captures, see cubuf__stream_sync_for_free), then free inside the
+ * resource's context (the last release may come from a thread with no
+ * current context). */
+static cubuf_status_t sync_free(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                const cubuf_stream_token_t *token)
 {
-    cubuf_ctx_guard_t g;
-    cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
+    cubuf_status_t st = cubuf__stream_sync_for_free(token, kind_name(res->kind));
     if (st != CUBUF_SUCCESS) return st;
-    if (kind == FREE_HOST) st = CU(cuMemFreeHost, (void *)(uintptr_t)buf->ptr);
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    if (res->kind == CUBUF_RES_LEGACY_PINNED) st = CU(cuMemFreeHost, (void *)(uintptr_t)buf->ptr);
     else st = CU(cuMemFree, buf->ptr);
     if (st != CUBUF_SUCCESS)
         cubuf__detail_append("pointer 0x%llx, size %zu", (unsigned long long)buf->ptr, buf->size);
@@ -68,8 +61,10 @@ static CUmemLocation location_of(int preferred)
     return loc;
 }
 
-static cubuf_status_t managed_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
+static cubuf_status_t managed_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                       bool in_ctx)
 {
+    (void)in_ctx; /* the push below checks */
     int preferred = preferred_of(res);
     CUmemLocation loc = location_of(preferred);
     /* A default stream runs in the context its token bound it to; otherwise
@@ -113,15 +108,7 @@ fail:
     return st;
 }
 
-static cubuf_status_t managed_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                         const cubuf_stream_token_t *token)
-{
-    cubuf_status_t st = sync_before_free(token, "managed");
-    if (st != CUBUF_SUCCESS) return st;
-    return free_in_ctx(res, buf, FREE_DEVICE);
-}
-
-static const cubuf_resource_vtbl_t managed_vtbl = {managed_allocate, managed_deallocate, NULL, false};
+static const cubuf_resource_vtbl_t managed_vtbl = {managed_allocate, sync_free, NULL, false};
 
 cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location,
                                              cubuf_resource_t **out)
@@ -176,33 +163,35 @@ fail:
     return st;
 }
 
-/* ---- legacy pinned host memory ---------------------------------------------------- */
+/* ---- legacy pinned host memory and synchronous device memory ---------------------- */
 
-static cubuf_status_t legacy_pinned_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                             CUstream stream)
+static cubuf_status_t sync_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                    bool in_ctx)
 {
+    (void)stream; /* synchronous: nothing to order */
+    (void)in_ctx; /* these allocate in the resource's context, not the stream's */
     cubuf_ctx_guard_t g;
     cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
     if (st != CUBUF_SUCCESS) return st;
-    void *h = NULL;
-    /* With unified addressing the host pointer is also the device address. */
-    st = CU(cuMemHostAlloc, &h, buf->size, CU_MEMHOSTALLOC_PORTABLE);
-    if (st == CUBUF_SUCCESS) buf->ptr = (CUdeviceptr)(uintptr_t)h;
-    else cubuf__detail_append("size %zu", buf->size);
+    if (res->kind == CUBUF_RES_LEGACY_PINNED) {
+        /* With unified addressing the host pointer is also the device address. */
+        void *h = NULL;
+        st = CU(cuMemHostAlloc, &h, buf->size, CU_MEMHOSTALLOC_PORTABLE);
+        buf->ptr = (CUdeviceptr)(uintptr_t)h;
+    } else {
+        CUdeviceptr p = 0;
+        st = CU(cuMemAlloc, &p, buf->size);
+        buf->ptr = p;
+    }
+    if (st != CUBUF_SUCCESS) {
+        buf->ptr = 0;
+        cubuf__detail_append("size %zu", buf->size);
+    }
     cubuf__ctx_pop(&g);
     return st;
 }
 
-static cubuf_status_t legacy_pinned_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                               const cubuf_stream_token_t *token)
-{
-    cubuf_status_t st = sync_before_free(token, "legacy pinned");
-    if (st != CUBUF_SUCCESS) return st;
-    return free_in_ctx(res, buf, FREE_HOST);
-}
-
-static const cubuf_resource_vtbl_t legacy_pinned_vtbl = {legacy_pinned_allocate,
-                                                         legacy_pinned_deallocate, NULL, false};
+static const cubuf_resource_vtbl_t sync_vtbl = {sync_allocate, sync_free, NULL, false};
 
 cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out)
 {
@@ -214,38 +203,11 @@ cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t
     props.device_id = -1;
     props.device_accessible = true;
     props.host_accessible = true;
-    if ((st = new_resource(&legacy_pinned_vtbl, CUBUF_RES_LEGACY_PINNED, ctx, &props, out)) !=
+    if ((st = new_resource(&sync_vtbl, CUBUF_RES_LEGACY_PINNED, ctx, &props, out)) !=
         CUBUF_SUCCESS)
         cubuf__context_release(ctx);
     return st;
 }
-
-/* ---- synchronous device memory ------------------------------------------------------ */
-
-static cubuf_status_t sync_device_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                           CUstream stream)
-{
-    cubuf_ctx_guard_t g;
-    cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
-    if (st != CUBUF_SUCCESS) return st;
-    CUdeviceptr p = 0;
-    st = CU(cuMemAlloc, &p, buf->size);
-    if (st == CUBUF_SUCCESS) buf->ptr = p;
-    else cubuf__detail_append("size %zu", buf->size);
-    cubuf__ctx_pop(&g);
-    return st;
-}
-
-static cubuf_status_t sync_device_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                             const cubuf_stream_token_t *token)
-{
-    cubuf_status_t st = sync_before_free(token, "synchronous device");
-    if (st != CUBUF_SUCCESS) return st;
-    return free_in_ctx(res, buf, FREE_DEVICE);
-}
-
-static const cubuf_resource_vtbl_t sync_device_vtbl = {sync_device_allocate, sync_device_deallocate,
-                                                       NULL, false};
 
 cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t **out)
 {
@@ -256,7 +218,7 @@ cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t *
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = ordinal;
     props.device_accessible = true;
-    if ((st = new_resource(&sync_device_vtbl, CUBUF_RES_SYNC_DEVICE, ctx, &props, out)) !=
+    if ((st = new_resource(&sync_vtbl, CUBUF_RES_SYNC_DEVICE, ctx, &props, out)) !=
         CUBUF_SUCCESS)
         cubuf__context_release(ctx);
     return st;

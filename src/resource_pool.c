@@ -23,13 +23,13 @@ CUmemoryPool cubuf__pool_handle(const cubuf_resource_t *res)
 /* A default stream is the one the deallocation token bound it to: the
  * caller's current context's, or the resource's when nothing is current. The
  * allocation runs on that same stream, so the allocation, the work the
- * caller orders on "stream 0" and the eventual free share one stream.
- * cubuf__ctx_push costs one cuCtxGetCurrent and skips the push when that
- * context is already current; user streams need no context at all. */
-static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, cubuf_ctx_guard_t *g)
+ * caller orders on "stream 0" and the eventual free share one stream. When
+ * recording the token found that context current (in_ctx), nothing is
+ * pushed and nothing asked again; user streams need no context at all. */
+static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, bool in_ctx, cubuf_ctx_guard_t *g)
 {
     g->pushed = false;
-    if (!buf->dealloc.ctx) return CUBUF_SUCCESS;
+    if (!buf->dealloc.ctx || in_ctx) return CUBUF_SUCCESS;
     return cubuf__ctx_push(buf->dealloc.ctx, g);
 }
 
@@ -61,14 +61,15 @@ static __attribute__((cold)) cubuf_status_t refuse_allocation(CUresult r, CUstre
  * answer. The query reads the stream's capture state on the host (no device
  * work, no synchronization). It is made here directly, not through
  * cubuf__stream_capture_status: the context is already pushed, and the
- * success path then costs no call beyond the two driver calls. The
- * allocation already carries the buffer object's calloc and a few relaxed
- * atomics for the statistics, which sit in the same cost class.
+ * success path then costs no call beyond the two driver calls; the
+ * bookkeeping around it is a recycled buffer object and the resource's
+ * lock (resource.c).
  */
-static cubuf_status_t pool_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
+static cubuf_status_t pool_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                    bool in_ctx)
 {
     cubuf_ctx_guard_t g;
-    cubuf_status_t st = push_for_stream(buf, &g);
+    cubuf_status_t st = push_for_stream(buf, in_ctx, &g);
     if (st != CUBUF_SUCCESS) return st;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r = CU_CALL(cuStreamIsCapturing, stream, &cs);
@@ -132,10 +133,11 @@ static const cubuf_resource_vtbl_t owned_pool_vtbl = {pool_allocate, pool_deallo
 
 /* ---- graph resource --------------------------------------------------------- */
 
-static cubuf_status_t graph_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream)
+static cubuf_status_t graph_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                     bool in_ctx)
 {
     cubuf_ctx_guard_t g;
-    cubuf_status_t st = push_for_stream(buf, &g);
+    cubuf_status_t st = push_for_stream(buf, in_ctx, &g);
     if (st != CUBUF_SUCCESS) return st;
     /* The raw query: the legacy stream's "implicit" answer means another
      * stream captures, not this one, and allocating here would break that
@@ -295,6 +297,16 @@ cubuf_status_t cubuf_device_resource_create(int ordinal,
     cubuf_context_t *ctx = NULL;
     cubuf_status_t st = cubuf__context_for_device(ordinal, &ctx);
     if (st != CUBUF_SUCCESS) return st;
+    return cubuf__device_pool_make(ctx, &o, out);
+}
+
+cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
+                                       const cubuf_device_resource_options_t *opts,
+                                       cubuf_resource_t **out)
+{
+    const cubuf_device_resource_options_t o = *opts;
+    const int ordinal = ctx->ordinal;
+    cubuf_status_t st;
     cubuf_ctx_guard_t g = {false};
     CUmemoryPool pool = NULL;
     bool owned = false;
@@ -370,6 +382,13 @@ cubuf_status_t cubuf_pinned_resource_create(int ordinal, bool ipc_enabled, cubuf
     cubuf_context_t *ctx = NULL;
     cubuf_status_t st = cubuf__context_for_device(ordinal, &ctx);
     if (st != CUBUF_SUCCESS) return st;
+    return cubuf__pinned_pool_make(ctx, ipc_enabled, out);
+}
+
+cubuf_status_t cubuf__pinned_pool_make(cubuf_context_t *ctx, bool ipc_enabled, cubuf_resource_t **out)
+{
+    const int ordinal = ctx->ordinal;
+    cubuf_status_t st;
     cubuf_ctx_guard_t g = {false};
     CUmemoryPool pool = NULL;
     CHECK(cubuf__ctx_push(ctx->handle, &g));

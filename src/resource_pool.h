@@ -10,4 +10,12 @@
  * resource. The IPC code exports pools through it. */
 CUmemoryPool cubuf__pool_handle(const cubuf_resource_t *res);
 
+/* cubuf_device_resource_create and cubuf_pinned_resource_create in a given
+ * context (a cubuf context's own pools live in it, and hold it). Take over
+ * one reference to ctx, released on failure; options already validated. */
+cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
+                                       const cubuf_device_resource_options_t *o,
+                                       cubuf_resource_t **out);
+cubuf_status_t cubuf__pinned_pool_make(cubuf_context_t *ctx, bool ipc_enabled, cubuf_resource_t **out);
+
 #endif

@@ -6,15 +6,18 @@ bool cubuf__stream_is_default(CUstream s)
     return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
-cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback)
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback,
+                                    bool *current)
 {
     t->stream = s;
     t->ctx = NULL;
+    if (current) *current = true;
     if (!cubuf__stream_is_default(s)) return CUBUF_SUCCESS;
     CUcontext cur = NULL;
     cubuf_status_t st = CU(cuCtxGetCurrent, &cur);
     if (st != CUBUF_SUCCESS) return st;
     t->ctx = cur ? cur : fallback;
+    if (current) *current = cur != NULL;
     if (!t->ctx)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "cannot record a default stream: no CUDA context is current and the "
@@ -60,4 +63,18 @@ cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t)
     st = CU(cuStreamSynchronize, t->stream);
     cubuf__ctx_pop(&g);
     return st;
+}
+
+cubuf_status_t cubuf__stream_sync_for_free(const cubuf_stream_token_t *t, const char *kind)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cubuf_status_t st = cubuf__stream_capture_status(t->stream, t->ctx, &cs);
+    if (st != CUBUF_SUCCESS) return st;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
+                           "closing a %s buffer synchronizes its deallocation stream, which is "
+                           "capturing (or a capture depends on it); the buffer stays open (close "
+                           "it on a stream that is not capturing)",
+                           kind);
+    return cubuf__stream_sync(t);
 }

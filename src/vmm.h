@@ -1,7 +1,10 @@
-/* Virtual memory internals shared with other sources (IPC) and the tests.
- * Private: never installed. */
+/* Virtual memory (VirtualMemoryResource, VirtualMemoryBuffer) internals:
+ * shared with other sources (IPC) and the tests, then among the vmm_*.c
+ * sources. Private: never installed. */
 #ifndef CUBUF_VMM_PRIVATE_H
 #define CUBUF_VMM_PRIVATE_H
+
+#include <pthread.h>
 
 #include "internal.h"
 
@@ -52,5 +55,187 @@ typedef struct cubuf_vmm_live {
     long allocations;
 } cubuf_vmm_live_t;
 void cubuf__vmm_live(cubuf_vmm_live_t *live);
+
+/* ---- inside the virtual memory sources (vmm_*.c) --------------------------------
+ *
+ * Model. Buffers that alias one another (an allocation and everything
+ * modify_allocation made from it) share one range (vmm_range_t, reached from
+ * each buffer's membership, buf->impl). The range owns:
+ *  - physical allocations (vmm_phys_t, one per cuMemCreate), each counting
+ *    the live mappings of it: it is released with its last mapping;
+ *  - spaces (vmm_space_t): one contiguous stretch of address space made of
+ *    one or more reservations, with its mappings in address order. A grow in
+ *    place extends a space; a grow that moves makes a new space that maps
+ *    the same physical allocations again;
+ *  - members (vmm_member_t): one per open buffer, naming its space and how
+ *    many of the space's mappings it covers. A buffer always covers a prefix
+ *    of its space (allocations, grows and aliases all start at the base).
+ * A mapping is needed while an open buffer's prefix covers it. Each mapping
+ * counts the buffers whose prefix ends there (`ends`), so a close finds what
+ * to unmap by walking down from its own end, and a grow in place appends:
+ * neither touches the rest of the range.
+ *
+ * Every driver call runs with the resource's context pushed and the calling
+ * thread's capture mode relaxed (vmm_guard_t).
+ *
+ * Failure: allocate and grow create everything first and publish nothing
+ * until the last driver call succeeded; on failure they undo what they made,
+ * in reverse. Close unmaps first (undone by mapping again, since the
+ * physical allocations are still held) and only then releases allocations
+ * and reservations, which can no longer fail the close.
+ *
+ * The sources, one concern each:
+ *  - vmm_driver.c: the driver calls, counted in cubuf__vmm_live, their quiet
+ *    undo variants, and the guard every call runs under;
+ *  - vmm_resource.c: options, support checks, the resource and its getters;
+ *  - vmm_range.c: ranges, spaces and members, allocation, the IPC queries;
+ *  - vmm_grow.c: cubuf_vmm_modify_allocation;
+ *  - vmm_close.c: deallocation. */
+
+/* A host-memory CPU entry, the owner and the peers. */
+#define VMM_MAX_DESCS (2 + CUBUF_VMM_MAX_PEERS)
+
+typedef struct vmm_access {
+    CUmemAccessDesc desc[VMM_MAX_DESCS];
+    unsigned count;
+} vmm_access_t;
+
+typedef struct vmm_res {
+    cubuf_vmm_options_t opts; /* validated; location_id resolved; alignment >= gran */
+    CUdevice device;
+    int ordinal;
+    size_t gran;
+    bool rdma_supported;
+    vmm_access_t access; /* what the resource's own options grant */
+} vmm_res_t;
+
+typedef struct vmm_phys {
+    CUmemGenericAllocationHandle handle;
+    size_t size;
+    unsigned maps;   /* live mappings of it, over all spaces */
+    unsigned access; /* index into the range's access profiles */
+} vmm_phys_t;
+
+typedef struct vmm_mapping {
+    size_t offset; /* from the space's base */
+    vmm_phys_t *phys;
+    size_t ends; /* open buffers whose prefix ends with this mapping */
+} vmm_mapping_t;
+
+typedef struct vmm_resv {
+    size_t offset; /* from the space's base */
+    size_t size;
+} vmm_resv_t;
+
+typedef struct vmm_space {
+    CUdeviceptr base;
+    vmm_mapping_t *maps; /* in address order, contiguous from base */
+    size_t nmaps, cap_maps;
+    size_t mapped; /* bytes the mappings cover */
+    vmm_resv_t *resv; /* in address order, contiguous from base */
+    size_t nresv, cap_resv;
+    size_t reserved; /* bytes the reservations cover */
+    size_t buffers;  /* open buffers in this space */
+} vmm_space_t;
+
+typedef struct vmm_range vmm_range_t;
+
+typedef struct vmm_member {
+    vmm_range_t *range;
+    vmm_space_t *space;
+    size_t count; /* the buffer covers space->maps[0, count) */
+    cubuf_buffer_t *buf;
+    struct vmm_member *prev, *next;
+} vmm_member_t;
+
+struct vmm_range {
+    pthread_mutex_t lock;
+    vmm_member_t *members; /* open buffers: their deallocation streams */
+    size_t nmembers;
+    vmm_access_t *access; /* distinct access profiles of the allocations */
+    unsigned naccess, cap_access;
+};
+
+/* The resource's context pushed and the thread's capture mode relaxed: the
+ * mapping calls are synchronous, and in the default (global) capture mode a
+ * capture anywhere in the process would make them fail and invalidate it. */
+typedef struct vmm_guard {
+    cubuf_ctx_guard_t ctx;
+    CUstreamCaptureMode mode;
+    bool relaxed;
+} vmm_guard_t;
+
+/* ---- vmm_driver.c ---------------------------------------------------------
+ * What these make or remove is counted in cubuf__vmm_live. A failure is
+ * recorded as the thread's last error, with the sizes. */
+cubuf_status_t cubuf__vmm_va_reserve(CUdeviceptr *va, size_t size, size_t align, CUdeviceptr hint);
+cubuf_status_t cubuf__vmm_phys_create(CUmemGenericAllocationHandle *h, size_t size,
+                                      const CUmemAllocationProp *prop);
+cubuf_status_t cubuf__vmm_map_phys(CUdeviceptr va, const vmm_phys_t *p);
+/* No call when `a` grants nothing: mappings start without access. */
+cubuf_status_t cubuf__vmm_set_access(CUdeviceptr va, size_t size, const vmm_access_t *a);
+cubuf_status_t cubuf__vmm_unmap(CUdeviceptr va, size_t size);
+
+/* Undoing and releasing, which no caller can be told about: they leave the
+ * thread's last error alone, try a failed call once more, then warn. */
+void cubuf__vmm_va_free_quiet(CUdeviceptr va, size_t size);
+void cubuf__vmm_unmap_quiet(CUdeviceptr va, size_t size);
+void cubuf__vmm_release_quiet(CUmemGenericAllocationHandle h, size_t size);
+/* Maps a physical allocation again where a failed close had unmapped it. */
+void cubuf__vmm_remap_quiet(CUdeviceptr va, const vmm_phys_t *p, const vmm_access_t *a);
+/* cuMemAddressFree, tried once more on failure; counts nothing and records
+ * nothing (for a reservation cubuf did not make: cubuf_buffer_wrap). */
+CUresult cubuf__vmm_va_free_retry(CUdeviceptr va, size_t size);
+
+/* Makes, reserves, maps and grants `a` to one granule of `g` bytes, then
+ * undoes it all. Returns the first failing CUresult (recording nothing) and
+ * in *call the name of the call that failed. */
+CUresult cubuf__vmm_try_granule(const CUmemAllocationProp *prop, size_t g, const vmm_access_t *a,
+                                const char **call);
+
+cubuf_status_t cubuf__vmm_guard_enter(const cubuf_resource_t *res, vmm_guard_t *g);
+void cubuf__vmm_guard_exit(vmm_guard_t *g);
+
+/* ---- vmm_resource.c ------------------------------------------------------- */
+
+/* The VMM state of res, or NULL when res is not a VMM resource. */
+const vmm_res_t *cubuf__vmm_of(const cubuf_resource_t *res);
+/* The access entries for memory made with `o`: the CPU for host memory, the
+ * owning device, then the peers. Zeroed first, so profiles compare with memcmp. */
+void cubuf__vmm_build_access(const vmm_res_t *vr, const cubuf_vmm_options_t *o, vmm_access_t *a);
+/* The properties of a new physical allocation. */
+void cubuf__vmm_fill_prop(const vmm_res_t *vr, bool rdma, CUmemAllocationProp *prop);
+/* Validates the options of a grow against the resource: what must stay the
+ * resource's, and the rest as at creation. */
+cubuf_status_t cubuf__vmm_grow_options(const vmm_res_t *vr, const cubuf_vmm_options_t *given,
+                                       cubuf_vmm_options_t *o, const char *what);
+
+/* ---- vmm_range.c ---------------------------------------------------------- */
+
+/* size rounded up to gran in *out; false when that overflows size_t. */
+bool cubuf__vmm_round_up(size_t size, size_t gran, size_t *out);
+/* How much to reserve for a space that maps `total` bytes. */
+size_t cubuf__vmm_reserve_target(size_t total, size_t gran);
+
+void cubuf__vmm_range_free(vmm_range_t *r);
+/* The index of an access profile in the range, added if new. */
+cubuf_status_t cubuf__vmm_range_access_index(vmm_range_t *r, const vmm_access_t *a,
+                                             unsigned *index);
+void cubuf__vmm_range_link(vmm_range_t *r, vmm_member_t *m);
+void cubuf__vmm_range_unlink(vmm_range_t *r, vmm_member_t *m);
+/* A space with room for `maps` mappings and `resv` reservations. */
+vmm_space_t *cubuf__vmm_space_new(size_t maps, size_t resv);
+void cubuf__vmm_space_free(vmm_space_t *s);
+/* Makes room for `maps` more mappings and `resv` more reservations. */
+bool cubuf__vmm_space_make_room(vmm_space_t *s, size_t maps, size_t resv);
+
+/* A new range of `size` bytes (rounded up) whose first member is buf. */
+cubuf_status_t cubuf__vmm_range_create(cubuf_resource_t *res, const cubuf_vmm_options_t *o,
+                                       size_t size, cubuf_buffer_t *buf, const char *what);
+/* The resource's allocate (vmm_range.c) and deallocate (vmm_close.c). */
+cubuf_status_t cubuf__vmm_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                   bool in_ctx);
+cubuf_status_t cubuf__vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                     const cubuf_stream_token_t *token);
 
 #endif

@@ -104,6 +104,31 @@ int main(void)
     cubuf_context_destroy(second);
     T_CHECK(primary_active(dev) == 0);
 
+    /* Buffers keep their context (and its primary context) alive past
+     * destroy; the last of them releases it. An allocation made directly
+     * from the context's pool counts in its bytes_allocated. */
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    cubuf_buffer_t *b = NULL, *direct = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(ctx, 1000, &b));
+    T_REQUIRE(cubuf_resource_allocate(cubuf_buffer_resource(b), 24, CU_STREAM_LEGACY, &direct));
+    T_OK(cubuf_context_bytes_allocated(ctx, &bytes));
+    T_CHECK(bytes == 1024);
+    cubuf_buffer_release(direct);
+    T_OK(cubuf_context_bytes_allocated(ctx, &bytes));
+    T_CHECK(bytes == 1000);
+    CUcontext hb = NULL;
+    T_OK(cubuf_context_handle(ctx, &hb));
+    cubuf_context_destroy(ctx);
+    T_CHECK(primary_active(dev) == 1);
+    T_OK(cubuf_buffer_fill_byte(b, 7, CU_STREAM_LEGACY));
+    unsigned char last = 0;
+    T_CU(cuCtxSetCurrent, hb);
+    T_CU(cuMemcpyDtoH, &last, cubuf_buffer_ptr(b) + 999, 1);
+    T_CU(cuCtxSetCurrent, NULL);
+    T_CHECK(last == 7);
+    cubuf_buffer_release(b);
+    T_CHECK(primary_active(dev) == 0);
+
     /* Device info. */
     cubuf_device_info_t info = CUBUF_DEVICE_INFO_INIT;
     T_OK(cubuf_device_get_info(0, &info));
