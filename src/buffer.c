@@ -17,7 +17,9 @@ typedef struct buffer_cache {
     unsigned n;
 } buffer_cache_t;
 
-static _Thread_local buffer_cache_t *tls_cache;
+/* initial-exec: one pointer of static TLS, read without a __tls_get_addr
+ * call when cubuf is a shared library. */
+static _Thread_local buffer_cache_t *tls_cache __attribute__((tls_model("initial-exec")));
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static bool cache_key_ok;
@@ -52,13 +54,13 @@ cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
     cubuf_buffer_t *buf;
     if (c && c->n) {
         buf = c->objs[--c->n];
-        memset(buf, 0, sizeof *buf);
     } else {
-        buf = calloc(1, sizeof *buf);
+        buf = malloc(sizeof *buf);
         if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
     }
+    /* An assignment, not memset: a few vector stores instead of rep stos. */
+    *buf = (cubuf_buffer_t){.device_id = -1};
     atomic_init(&buf->refs, 1);
-    buf->device_id = -1;
     *out = buf;
     return CUBUF_SUCCESS;
 }
