@@ -7,6 +7,7 @@
  * sides. After each row the resource's statistics must be back at zero
  * (a leak is reported as an error). */
 #include "bench_common.h"
+#include "internal.h"
 
 typedef struct alloc_arg {
     size_t size;
@@ -54,6 +55,63 @@ static void raw_pool_with_context_queries(void *p)
     B_CU(cuMemFreeAsync, d, a->stream);
 }
 
+/* Where an atomic read-modify-write sits next to the driver calls may
+ * matter (a locked instruction waits for the stores before it, the
+ * driver's included): the same atomics right after each call, and right
+ * before each. */
+static atomic_ulong g_counter;
+
+static void raw_pool_atomics_after(void *p)
+{
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    atomic_fetch_add(&g_counter, 1);
+    B_CU(cuMemFreeAsync, d, a->stream);
+    atomic_fetch_add(&g_counter, 1);
+}
+
+static void raw_pool_atomics_before(void *p)
+{
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    atomic_fetch_add(&g_counter, 1);
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    atomic_fetch_add(&g_counter, 1);
+    B_CU(cuMemFreeAsync, d, a->stream);
+}
+
+/* cubuf's own pieces placed around the raw calls as cubuf places them, to
+ * see what each costs in place (informational). arg->res is a user resource. */
+static void raw_pool_with_buffer_object(void *p)
+{
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf__buffer_new(&b));
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    B_CU(cuMemFreeAsync, d, a->stream);
+    cubuf__buffer_discard(b);
+}
+
+static void raw_pool_with_lock(void *p)
+{
+    alloc_arg_t *a = p;
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    cubuf__resource_hold(a->res, a->size);
+    B_CU(cuMemFreeAsync, d, a->stream);
+    cubuf__resource_drop(a->res, a->size);
+}
+
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -98,6 +156,90 @@ static void lib_new_buffer(void *p)
     B_OK(cubuf_context_new_buffer(a->ctx, a->size, &b));
     B_OK(cubuf_buffer_close(b));
     cubuf_buffer_release(b);
+}
+
+/* ---- where the time goes: absolute costs of the pieces (informational) ---- */
+
+static cubuf_status_t empty_alloc(void *state, size_t size, CUstream s, CUdeviceptr *p)
+{
+    (void)state, (void)size, (void)s;
+    *p = 0x1000; /* never dereferenced */
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t empty_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    (void)state, (void)p, (void)size, (void)s;
+    return CUBUF_SUCCESS;
+}
+
+/* Median over 9 rounds of the mean time of `n` calls of `piece`, in ns. */
+static double piece_ns(void (*piece)(void *), void *arg, long n)
+{
+    double t[9];
+    for (int r = 0; r < 9; r++) {
+        double t0 = bench_now();
+        for (long i = 0; i < n; i++) piece(arg);
+        t[r] = (bench_now() - t0) / (double)n * 1e9;
+    }
+    return bench_median(t, 9);
+}
+
+static void piece_bookkeeping(void *p)
+{
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf_resource_allocate(p, 4096, (CUstream)p, &b));
+    B_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+}
+
+static void piece_lock_pair(void *p)
+{
+    cubuf__resource_hold(p, 4096);
+    cubuf__resource_drop(p, 4096);
+}
+
+static void piece_buffer_object(void *p)
+{
+    (void)p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf__buffer_new(&b));
+    cubuf__buffer_discard(b);
+}
+
+static void piece_capture_query(void *p)
+{
+    CUstreamCaptureStatus cs;
+    B_CU(cuStreamIsCapturing, (CUstream)p, &cs);
+}
+
+static void piece_get_current(void *p)
+{
+    (void)p;
+    CUcontext c = NULL;
+    B_CU(cuCtxGetCurrent, &c);
+}
+
+static void bench_pieces(bench_env_t *env)
+{
+    bench_section("the pieces of an allocate + free, absolute (informational)");
+    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
+    ops.allocate = empty_alloc;
+    ops.deallocate = empty_free;
+    cubuf_resource_t *user = NULL;
+    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
+    const long n = 200000;
+    printf("  cubuf bookkeeping (allocate + close + release, a user resource with empty "
+           "callbacks): %.1f ns\n",
+           piece_ns(piece_bookkeeping, user, n));
+    printf("    of which the resource lock, taken twice (hold + drop): %.1f ns\n",
+           piece_ns(piece_lock_pair, user, n));
+    printf("    of which the buffer object (new + discard): %.1f ns\n",
+           piece_ns(piece_buffer_object, NULL, n));
+    printf("  cuStreamIsCapturing (a user stream): %.1f ns\n",
+           piece_ns(piece_capture_query, env->stream, n));
+    printf("  cuCtxGetCurrent: %.1f ns\n", piece_ns(piece_get_current, NULL, n));
+    cubuf_resource_release(user);
 }
 
 /* ---- setup ---- */
@@ -221,6 +363,7 @@ int main(void)
     };
     const size_t sizes[] = {4 * BENCH_KIB, 64 * BENCH_KIB, BENCH_MIB};
 
+    bench_pieces(&env);
     bench_section("allocate + free, per operation (cubuf: allocate, close, release)");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const alloc_row_t *row = &rows[i];
@@ -281,6 +424,68 @@ int main(void)
         bench_compare(&env, &c);
     }
 
+    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
+    ops.allocate = empty_alloc;
+    ops.deallocate = empty_free;
+    cubuf_resource_t *user = NULL;
+    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
+    struct {
+        const char *name, *note;
+        bench_op_fn op;
+    } placed[] = {
+        {"query+buffer_object", "cubuf's buffer object (new + discard) around them",
+         raw_pool_with_buffer_object},
+        {"query+resource_lock", "cubuf's resource lock after each call (hold, drop)",
+         raw_pool_with_lock},
+        {"query+atomics_after", "the same plus one atomic increment after each driver call",
+         raw_pool_atomics_after},
+        {"query+atomics_before", "the same plus one atomic increment before each driver call",
+         raw_pool_atomics_before},
+    };
+    for (size_t v = 0; v < sizeof placed / sizeof placed[0]; v++) {
+        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the query, "
+                   "%s", placed[v].note);
+        alloc_arg_t arg = {64 * BENCH_KIB, env.stream, user, env.ctx, default_pool};
+        bench_case_t c = {
+            .group = "floor",
+            .name = placed[v].name,
+            .size = 64 * BENCH_KIB,
+            .mode = BENCH_LATENCY,
+            .stream = env.stream,
+            .raw = raw_pool,
+            .lib = placed[v].op,
+            .arg = &arg,
+            .sample_s = 2e-3,
+            .max_batch = 2000,
+            .budget_s = 0.5,
+            .min_pairs = 9,
+            .max_pairs = 41,
+            .target = BENCH_TARGET_NONE,
+        };
+        bench_compare(&env, &c);
+    }
+    cubuf_resource_release(user);
+    /* The device pool row once more, now that everything is warm. */
+    {
+        alloc_arg_t arg = {64 * BENCH_KIB, env.stream, r_pool, env.ctx, default_pool};
+        bench_case_t c = {
+            .group = "floor",
+            .name = "device_pool_again",
+            .size = 64 * BENCH_KIB,
+            .mode = BENCH_LATENCY,
+            .stream = env.stream,
+            .raw = raw_pool,
+            .lib = lib_resource,
+            .arg = &arg,
+            .sample_s = 2e-3,
+            .max_batch = 2000,
+            .budget_s = 0.5,
+            .min_pairs = 9,
+            .max_pairs = 41,
+            .target = BENCH_TARGET_NONE,
+        };
+        if (r_pool) bench_compare(&env, &c);
+    }
     bench_note("raw = the same on the legacy stream; \"cubuf\" column = the same plus "
                "cuStreamIsCapturing and two cuCtxGetCurrent (new_buffer's floor)");
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {

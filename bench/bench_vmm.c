@@ -44,7 +44,7 @@
 #include "vmm.h"
 
 #ifndef REPEATS
-#define REPEATS 5
+#define REPEATS 11
 #endif
 #ifndef STEPS_2MIB
 #define STEPS_2MIB 1000
@@ -104,19 +104,10 @@ static bool touches_boundary(CUdeviceptr lo, size_t len, size_t span)
     return lo % span == 0 || lo / span != (lo + len - 1) / span;
 }
 
-/* Copy of reserve_target in src/vmm.c (keep the two in step): for a buffer
- * of `total` bytes cubuf reserves the next power of two, doubled, at least
- * 1 GiB (VMM_MIN_RESERVE), rounded up to the granularity. */
+/* What cubuf reserves for a buffer of `total` bytes (its own policy). */
 static size_t cubuf_reserve_size(size_t total, size_t gran)
 {
-    size_t t = 1;
-    while (t < total && t <= SIZE_MAX / 2) t <<= 1;
-    if (t < total) return total;
-    if (t <= SIZE_MAX / 2) t <<= 1;
-    if (t < BENCH_GIB) t = BENCH_GIB;
-    size_t rem = t % gran;
-    if (rem == 0) return t;
-    return t <= SIZE_MAX - (gran - rem) ? t + (gran - rem) : total;
+    return cubuf__vmm_reserve_target(total, gran);
 }
 
 /* ---- one chain of grows, cubuf's or the floor's ---------------------------------------- */
@@ -321,6 +312,16 @@ static size_t step_from(const series_t *s, int k) { return k ? s->sizes[k - 1] :
 static double step_median(const series_t *s, side_t side, int k)
 {
     return median_of(&s->t[side][AT(k, 0)], s->reps);
+}
+
+/* A step's ratio: the median over repeats of cubuf/floor of the same repeat.
+ * The two were timed back to back, so pairing cancels what drifts between
+ * repeats (the ratio of the two medians would not). */
+static double step_ratio(const series_t *s, int k)
+{
+    double r[REPEATS];
+    for (int i = 0; i < s->reps; i++) r[i] = s->t[SIDE_CUBUF][AT(k, i)] / s->t[SIDE_FLOOR][AT(k, i)];
+    return median_of(r, s->reps);
 }
 
 /* Runs step k of chain c and records it as repeat r. */
@@ -645,7 +646,7 @@ static void bench_doubling(void)
     for (int k = 0; k < n; k++) {
         double ml = step_median(&s, SIDE_CUBUF, k), mr = step_median(&s, SIDE_FLOOR, k);
         double mc = doubling_copy_median(&cpy, k, reps);
-        double ratio = ml / mr;
+        double ratio = step_ratio(&s, k);
         ratios[k] = ratio;
         if (ratio > worst) {
             worst = ratio;
@@ -727,7 +728,7 @@ static void bench_steps(void)
     for (int k = 0; k < n; k++) {
         ml[k] = step_median(&s, SIDE_CUBUF, k);
         mr[k] = step_median(&s, SIDE_FLOOR, k);
-        ratio[k] = ml[k] / mr[k];
+        ratio[k] = step_ratio(&s, k);
     }
     printf("\n== %d grows of %zu MiB each (to %zu MiB), median of %d runs per step (%d grows moved "
            "the range)\n",
@@ -937,6 +938,46 @@ static void bench_alloc_close(void)
     }
 }
 
+/* ---- 4. what headroom costs ------------------------------------------------------------ */
+
+/* A buffer's first granule mapped into reservations of growing size: how
+ * much of allocate + close is the address space reserved for growth
+ * (informational; it decides cubuf's reservation policy). */
+static void bench_headroom(void)
+{
+    static const size_t resv[] = {2 * BENCH_MIB,  4 * BENCH_MIB,   8 * BENCH_MIB,
+                                  32 * BENCH_MIB, 128 * BENCH_MIB, BENCH_GIB,
+                                  8 * BENCH_GIB,  64 * BENCH_GIB,  256 * BENCH_GIB};
+    printf("\n== one granule mapped into a reservation of each size: reserve, create, map, set "
+           "access; unmap, release, free (median of 21)\n");
+    printf("%12s | %12s %12s\n", "reserved", "total", "reserve+free");
+    for (size_t i = 0; i < sizeof resv / sizeof resv[0]; i++) {
+        double t[21], tr[21];
+        for (int r = 0; r < 22; r++) { /* run 0 warms up */
+            CUdeviceptr va = 0;
+            CUmemGenericAllocationHandle h;
+            double t0 = bench_now();
+            B_CU(cuMemAddressReserve, &va, resv[i], g_gran, 0, 0);
+            B_CU(cuMemCreate, &h, g_gran, &g_prop, 0);
+            B_CU(cuMemMap, va, g_gran, 0, h, 0);
+            B_CU(cuMemSetAccess, va, g_gran, &g_acc, 1);
+            B_CU(cuMemUnmap, va, g_gran);
+            B_CU(cuMemRelease, h);
+            B_CU(cuMemAddressFree, va, resv[i]);
+            double t1 = bench_now();
+            B_CU(cuMemAddressReserve, &va, resv[i], g_gran, 0, 0);
+            B_CU(cuMemAddressFree, va, resv[i]);
+            double t2 = bench_now();
+            if (r == 0) continue;
+            t[r - 1] = t1 - t0;
+            tr[r - 1] = t2 - t1;
+        }
+        char sz[32];
+        bench_size_str(resv[i], false, sz, sizeof sz);
+        printf("%12s | %9.1f us %9.1f us\n", sz, median_of(t, 21) * 1e6, median_of(tr, 21) * 1e6);
+    }
+}
+
 /* The first VMM calls of a process set things up lazily: a short chain of
  * each side, untimed. */
 static void warm_up(void)
@@ -977,6 +1018,7 @@ int main(void)
     bench_doubling();
     bench_steps();
     bench_alloc_close();
+    bench_headroom();
 
     cubuf_vmm_live_t live1;
     cubuf__vmm_live(&live1);

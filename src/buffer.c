@@ -58,28 +58,32 @@ cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
         buf = malloc(sizeof *buf);
         if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
     }
-    /* An assignment, not memset: a few vector stores instead of rep stos. */
-    *buf = (cubuf_buffer_t){.device_id = -1};
+    /* Field by field: the compiler turns a memset or a struct assignment
+     * into `rep stos`, whose start-up costs more than these stores. */
     atomic_init(&buf->refs, 1);
+    buf->closed = false;
+    buf->ptr = 0;
+    buf->size = 0;
+    buf->device_id = -1;
+    buf->flags = 0;
+    buf->resource = NULL;
+    buf->dealloc.stream = NULL;
+    buf->dealloc.ctx = NULL;
+    buf->owner = NULL;
+    buf->owner_release = NULL;
+    buf->parent = NULL;
+    buf->impl = NULL;
     *out = buf;
     return CUBUF_SUCCESS;
 }
 
 void cubuf__buffer_discard(cubuf_buffer_t *buf)
 {
-    buffer_cache_t *c = thread_cache();
+    buffer_cache_t *c = tls_cache ? tls_cache : thread_cache();
     if (c && c->n < BUFFER_CACHE_MAX)
         c->objs[c->n++] = buf;
     else
         free(buf);
-}
-
-void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res)
-{
-    buf->device_id = res->props.device_id;
-    buf->flags = (res->props.device_accessible ? CUBUF__DEVICE_ACCESSIBLE : 0) |
-                 (res->props.host_accessible ? CUBUF__HOST_ACCESSIBLE : 0) |
-                 (res->props.managed ? CUBUF__MANAGED : 0);
 }
 
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what)

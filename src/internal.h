@@ -79,7 +79,10 @@ typedef struct cubuf_stream_token {
     CUcontext ctx; /* for default streams: the context they were bound in; else NULL */
 } cubuf_stream_token_t;
 
-bool cubuf__stream_is_default(CUstream s);
+static inline bool cubuf__stream_is_default(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
 /* Records `s`; a default stream binds to the current context, else to `fallback`.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT when neither exists. *current (may be
  * NULL) tells whether the bound context is the current one. */
@@ -191,7 +194,13 @@ cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out);
 /* Frees the struct of a buffer that owns nothing yet (failure paths). */
 void cubuf__buffer_discard(cubuf_buffer_t *buf);
 /* Sets device_id and flags from the resource's properties. */
-void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res);
+static inline void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res)
+{
+    buf->device_id = res->props.device_id;
+    buf->flags = (res->props.device_accessible ? CUBUF__DEVICE_ACCESSIBLE : 0) |
+                 (res->props.host_accessible ? CUBUF__HOST_ACCESSIBLE : 0) |
+                 (res->props.managed ? CUBUF__MANAGED : 0);
+}
 /* Returns CUBUF_ERROR_CLOSED (naming `what`) if buf is closed. */
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what);
 

@@ -1,11 +1,6 @@
 /* Deallocation-stream tokens and capture checks. */
 #include "internal.h"
 
-bool cubuf__stream_is_default(CUstream s)
-{
-    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
-}
-
 cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback,
                                     bool *current)
 {

@@ -7,9 +7,14 @@
 #include "vmm.h"
 
 /* Reservations are at least this large and leave room to double, so that a
- * growing buffer rarely needs a new reservation (address space is cheap;
- * cuMemAddressReserve is not, next to mapping a small new part). */
-#define VMM_MIN_RESERVE ((size_t)1 << 30)
+ * growing buffer rarely needs a new reservation: a grow that must extend
+ * the reservation costs one more cuMemAddressReserve, about 25 us on the
+ * H200, next to 35-45 us for mapping a 2 MiB part. The size costs little
+ * by itself (bench_vmm: reserve + free 3-4 us from 32 MiB to 8 GiB), but
+ * any reservation beyond a few MiB adds 7-25 us to allocate + close over a
+ * 2 MiB one. The price is address space: 4 GiB per small buffer, so about
+ * 30000 such buffers fit in the 128 TiB a process has. */
+#define VMM_MIN_RESERVE ((size_t)4 << 30)
 
 /* ---- small helpers --------------------------------------------------------- */
 

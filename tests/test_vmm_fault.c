@@ -143,7 +143,7 @@ static void fault_grow(grow_kind_t kind)
     write_pattern(cubuf_buffer_ptr(b), SIZE, 0, 2);
     size_t want = 2 * SIZE;
     if (kind == GROW_EXTEND) {
-        /* Past the space's first reservation (1 GiB): a reservation at its end. */
+        /* Past the space's first reservation (4 GiB): a reservation at its end. */
         CUdeviceptr end;
         size_t headroom;
         bool ext;
