@@ -10,80 +10,50 @@
  * the object would add a visible share of that on the hot path. Objects
  * freed on one thread may be reused by it; a thread's cache is freed when
  * the thread exits. */
-#define BUFFER_CACHE_MAX 32
-
-typedef struct buffer_cache {
-    cubuf_buffer_t *objs[BUFFER_CACHE_MAX];
-    unsigned n;
-} buffer_cache_t;
-
-/* initial-exec: one pointer of static TLS, read without a __tls_get_addr
- * call when cubuf is a shared library. */
-static _Thread_local buffer_cache_t *tls_cache __attribute__((tls_model("initial-exec")));
+_Thread_local cubuf__buffer_cache_t *cubuf__tls_cache;
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static bool cache_key_ok;
 
 static void cache_destroy(void *p)
 {
-    buffer_cache_t *c = p;
+    cubuf__buffer_cache_t *c = p;
     for (unsigned i = 0; i < c->n; i++) free(c->objs[i]);
     free(c);
-    tls_cache = NULL; /* runs on the exiting thread itself */
+    cubuf__tls_cache = NULL; /* runs on the exiting thread itself */
 }
 
 static void cache_key_make(void) { cache_key_ok = pthread_key_create(&cache_key, cache_destroy) == 0; }
 
-static buffer_cache_t *thread_cache(void)
+/* This thread's cache, made on first use; NULL if it cannot be made. */
+static cubuf__buffer_cache_t *thread_cache(void)
 {
-    if (tls_cache) return tls_cache;
+    if (cubuf__tls_cache) return cubuf__tls_cache;
     pthread_once(&cache_once, cache_key_make);
     if (!cache_key_ok) return NULL;
-    buffer_cache_t *c = calloc(1, sizeof *c);
+    cubuf__buffer_cache_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     if (pthread_setspecific(cache_key, c) != 0) {
         free(c);
         return NULL;
     }
-    return tls_cache = c;
+    return cubuf__tls_cache = c;
 }
 
-cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
+cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out)
 {
-    buffer_cache_t *c = tls_cache;
-    cubuf_buffer_t *buf;
-    if (c && c->n) {
-        buf = c->objs[--c->n];
-    } else {
-        buf = malloc(sizeof *buf);
-        if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
-    }
-    /* Field by field: the compiler turns a memset or a struct assignment
-     * into `rep stos`, whose start-up costs more than these stores. */
-    atomic_init(&buf->refs, 1);
-    buf->closed = false;
-    buf->ptr = 0;
-    buf->size = 0;
-    buf->device_id = -1;
-    buf->flags = 0;
-    buf->resource = NULL;
-    buf->dealloc.stream = NULL;
-    buf->dealloc.ctx = NULL;
-    buf->owner = NULL;
-    buf->owner_release = NULL;
-    buf->parent = NULL;
-    buf->impl = NULL;
+    cubuf_buffer_t *buf = malloc(sizeof *buf);
+    if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
+    cubuf__buffer_init(buf);
     *out = buf;
     return CUBUF_SUCCESS;
 }
 
-void cubuf__buffer_discard(cubuf_buffer_t *buf)
+void cubuf__buffer_discard_slow(cubuf_buffer_t *buf)
 {
-    buffer_cache_t *c = tls_cache ? tls_cache : thread_cache();
-    if (c && c->n < BUFFER_CACHE_MAX)
-        c->objs[c->n++] = buf;
-    else
-        free(buf);
+    cubuf__buffer_cache_t *c = thread_cache();
+    if (c && c->n < CUBUF__BUFFER_CACHE_MAX) c->objs[c->n++] = buf;
+    else free(buf);
 }
 
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what)

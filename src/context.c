@@ -178,9 +178,8 @@ cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard)
     return CUBUF_SUCCESS;
 }
 
-void cubuf__ctx_pop(cubuf_ctx_guard_t *guard)
+void cubuf__ctx_pop_pushed(cubuf_ctx_guard_t *guard)
 {
-    if (!guard->pushed) return;
     CUcontext popped = NULL;
     /* Restoring the caller's context bypasses fault injection: popping what
      * was pushed cannot fail short of a broken driver, and an injected

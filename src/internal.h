@@ -69,7 +69,11 @@ typedef struct cubuf_ctx_guard {
     bool pushed;
 } cubuf_ctx_guard_t;
 cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard);
-void cubuf__ctx_pop(cubuf_ctx_guard_t *guard);
+void cubuf__ctx_pop_pushed(cubuf_ctx_guard_t *guard);
+static inline void cubuf__ctx_pop(cubuf_ctx_guard_t *guard)
+{
+    if (guard->pushed) cubuf__ctx_pop_pushed(guard);
+}
 
 /* ---- streams (stream.c) ---------------------------------------------------- */
 
@@ -152,14 +156,59 @@ struct cubuf_resource {
 /* Allocates a zeroed resource with one reference. */
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
                                    cubuf_context_t *ctx, cubuf_resource_t **out);
-/* Statistics of one allocation of `bytes` > 0 made or freed (no reference). */
+/* The resource lock (resource.c says why one lock). Inline: it sits on the
+ * allocation hot path. The slow path spins, then yields. */
+void cubuf__resource_lock_wait(cubuf_resource_t *res);
+static inline void cubuf__resource_lock(cubuf_resource_t *res)
+{
+    if (atomic_exchange_explicit(&res->lock, true, memory_order_acquire))
+        cubuf__resource_lock_wait(res);
+}
+static inline void cubuf__resource_unlock(cubuf_resource_t *res)
+{
+    atomic_store_explicit(&res->lock, false, memory_order_release);
+}
+
+/* Statistics of one allocation of `bytes` > 0 made or freed; the lock is held. */
+static inline void cubuf__stats_add_locked(cubuf_resource_t *res, size_t bytes)
+{
+    res->cur_bytes += bytes;
+    res->cur_count++;
+    res->total++;
+    if (res->cur_bytes > res->peak_bytes) res->peak_bytes = res->cur_bytes;
+    if (res->cur_count > res->peak_count) res->peak_count = res->cur_count;
+}
+static inline void cubuf__stats_sub_locked(cubuf_resource_t *res, size_t bytes)
+{
+    res->cur_bytes -= bytes;
+    res->cur_count--;
+}
+/* The same, taking the lock (no reference). */
 void cubuf__stats_add(cubuf_resource_t *res, size_t bytes);
 void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes);
+
+/* Frees a resource whose last reference is gone. */
+void cubuf__resource_destroy(cubuf_resource_t *res);
+
 /* A buffer's hold on its resource: one reference, and, for bytes > 0, the
  * allocation in the statistics, in one critical section. drop releases the
  * reference (destroying the resource when it was the last). */
-void cubuf__resource_hold(cubuf_resource_t *res, size_t bytes);
-void cubuf__resource_drop(cubuf_resource_t *res, size_t bytes);
+static inline void cubuf__resource_hold(cubuf_resource_t *res, size_t bytes)
+{
+    cubuf__resource_lock(res);
+    res->refs++;
+    if (bytes) cubuf__stats_add_locked(res, bytes);
+    cubuf__resource_unlock(res);
+}
+static inline void cubuf__resource_drop(cubuf_resource_t *res, size_t bytes)
+{
+    if (!res) return;
+    cubuf__resource_lock(res);
+    if (bytes) cubuf__stats_sub_locked(res, bytes);
+    bool last = --res->refs == 0;
+    cubuf__resource_unlock(res);
+    if (last) cubuf__resource_destroy(res);
+}
 /* cubuf_resource_allocate for callers that already made `current` current
  * (a default stream then binds to it with no driver query); NULL: unknown. */
 cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
@@ -189,10 +238,58 @@ struct cubuf_buffer {
     void *impl;                 /* resource-private (a VMM range, an IPC import) */
 };
 
+/* Buffer objects are recycled through a small per-thread cache (buffer.c
+ * says why); its fast paths are inline, for the allocation hot path. */
+#define CUBUF__BUFFER_CACHE_MAX 32
+typedef struct cubuf__buffer_cache {
+    cubuf_buffer_t *objs[CUBUF__BUFFER_CACHE_MAX];
+    unsigned n;
+} cubuf__buffer_cache_t;
+/* initial-exec: one pointer of static TLS, read without a __tls_get_addr
+ * call when cubuf is a shared library. */
+extern _Thread_local cubuf__buffer_cache_t *cubuf__tls_cache __attribute__((tls_model("initial-exec")));
+
+cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out);
+void cubuf__buffer_discard_slow(cubuf_buffer_t *buf);
+
+/* Fills a fresh buffer object: open, one reference, owning nothing. Field
+ * by field: the compiler turns a memset or a struct assignment into
+ * `rep stos`, whose start-up costs more than these stores. */
+static inline void cubuf__buffer_init(cubuf_buffer_t *buf)
+{
+    atomic_init(&buf->refs, 1);
+    buf->closed = false;
+    buf->ptr = 0;
+    buf->size = 0;
+    buf->device_id = -1;
+    buf->flags = 0;
+    buf->resource = NULL;
+    buf->dealloc.stream = NULL;
+    buf->dealloc.ctx = NULL;
+    buf->owner = NULL;
+    buf->owner_release = NULL;
+    buf->parent = NULL;
+    buf->impl = NULL;
+}
+
 /* A zeroed open buffer with one reference. */
-cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out);
-/* Frees the struct of a buffer that owns nothing yet (failure paths). */
-void cubuf__buffer_discard(cubuf_buffer_t *buf);
+static inline cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
+{
+    cubuf__buffer_cache_t *c = cubuf__tls_cache;
+    if (!c || !c->n) return cubuf__buffer_new_slow(out);
+    cubuf_buffer_t *buf = c->objs[--c->n];
+    cubuf__buffer_init(buf);
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
+/* Frees the struct of a buffer that owns nothing (any more). */
+static inline void cubuf__buffer_discard(cubuf_buffer_t *buf)
+{
+    cubuf__buffer_cache_t *c = cubuf__tls_cache;
+    if (c && c->n < CUBUF__BUFFER_CACHE_MAX) c->objs[c->n++] = buf;
+    else cubuf__buffer_discard_slow(buf);
+}
 /* Sets device_id and flags from the resource's properties. */
 static inline void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_resource_t *res)
 {

@@ -21,20 +21,15 @@
 #define cpu_relax() ((void)0)
 #endif
 
-static void res_lock(cubuf_resource_t *res)
+void cubuf__resource_lock_wait(cubuf_resource_t *res)
 {
     unsigned spins = 0;
-    while (atomic_exchange_explicit(&res->lock, true, memory_order_acquire)) {
+    do {
         while (atomic_load_explicit(&res->lock, memory_order_relaxed)) {
             if (++spins < 256) cpu_relax();
             else sched_yield();
         }
-    }
-}
-
-static void res_unlock(cubuf_resource_t *res)
-{
-    atomic_store_explicit(&res->lock, false, memory_order_release);
+    } while (atomic_exchange_explicit(&res->lock, true, memory_order_acquire));
 }
 
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
@@ -53,70 +48,36 @@ cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resour
     return CUBUF_SUCCESS;
 }
 
-static void resource_destroy(cubuf_resource_t *res)
+void cubuf__resource_destroy(cubuf_resource_t *res)
 {
     if (res->vt->destroy) res->vt->destroy(res);
     cubuf__context_release(res->ctx);
     free(res);
 }
 
-/* Statistics updates; the lock is held. */
-static void stats_add_locked(cubuf_resource_t *res, size_t bytes)
-{
-    res->cur_bytes += bytes;
-    res->cur_count++;
-    res->total++;
-    if (res->cur_bytes > res->peak_bytes) res->peak_bytes = res->cur_bytes;
-    if (res->cur_count > res->peak_count) res->peak_count = res->cur_count;
-}
-
-static void stats_sub_locked(cubuf_resource_t *res, size_t bytes)
-{
-    res->cur_bytes -= bytes;
-    res->cur_count--;
-}
-
 cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res)
 {
     if (!res) return NULL;
-    res_lock(res);
+    cubuf__resource_lock(res);
     res->refs++;
-    res_unlock(res);
+    cubuf__resource_unlock(res);
     return res;
 }
 
 void cubuf_resource_release(cubuf_resource_t *res) { cubuf__resource_drop(res, 0); }
 
-void cubuf__resource_hold(cubuf_resource_t *res, size_t bytes)
-{
-    res_lock(res);
-    res->refs++;
-    if (bytes) stats_add_locked(res, bytes);
-    res_unlock(res);
-}
-
-void cubuf__resource_drop(cubuf_resource_t *res, size_t bytes)
-{
-    if (!res) return;
-    res_lock(res);
-    if (bytes) stats_sub_locked(res, bytes);
-    bool last = --res->refs == 0;
-    res_unlock(res);
-    if (last) resource_destroy(res);
-}
-
 void cubuf__stats_add(cubuf_resource_t *res, size_t bytes)
 {
-    res_lock(res);
-    stats_add_locked(res, bytes);
-    res_unlock(res);
+    cubuf__resource_lock(res);
+    cubuf__stats_add_locked(res, bytes);
+    cubuf__resource_unlock(res);
 }
 
 void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes)
 {
-    res_lock(res);
-    stats_sub_locked(res, bytes);
-    res_unlock(res);
+    cubuf__resource_lock(res);
+    cubuf__stats_sub_locked(res, bytes);
+    cubuf__resource_unlock(res);
 }
 
 cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props)
@@ -133,13 +94,13 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
 {
     CHECK_ARG(res && stats, "cubuf_resource_stats: NULL argument");
     cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
-    res_lock(r);
+    cubuf__resource_lock(r);
     stats->current_bytes = r->cur_bytes;
     stats->peak_bytes = r->peak_bytes;
     stats->current_count = r->cur_count;
     stats->peak_count = r->peak_count;
     stats->total_allocations = r->total;
-    res_unlock(r);
+    cubuf__resource_unlock(r);
     return CUBUF_SUCCESS;
 }
 
@@ -152,9 +113,9 @@ cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUst
     buf->size = size;
     cubuf__buffer_take_props(buf, res);
     bool in_ctx = true;
-    if (!res->props.device_accessible) {
-        buf->dealloc.stream = stream; /* host memory: no context to bind to */
-    } else if (current && cubuf__stream_is_default(stream)) {
+    if (!res->props.device_accessible || !cubuf__stream_is_default(stream)) {
+        buf->dealloc.stream = stream; /* bound to no context */
+    } else if (current) {
         buf->dealloc = (cubuf_stream_token_t){stream, current};
     } else {
         CUcontext fallback = res->ctx ? res->ctx->handle : NULL;
