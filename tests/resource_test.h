@@ -2,7 +2,76 @@
 #ifndef CUBUF_RESOURCE_TEST_H
 #define CUBUF_RESOURCE_TEST_H
 
+#include <stdint.h>
+#include <string.h>
+
 #include "test.h"
+
+#define MiB ((size_t)1 << 20)
+
+static unsigned char pattern(size_t i) { return (unsigned char)(i * 31 + 7); }
+
+/* Device memory: a device fill over the whole range read back at three
+ * places, then a host pattern through the last page. */
+static inline void check_device_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char w[4096], r[4096];
+    T_CU(cuStreamSynchronize, s); /* the allocation has completed */
+    if (n > m) {
+        T_CU(cuMemsetD8Async, p, 0x5a, n, s);
+        T_CU(cuStreamSynchronize, s);
+        size_t offs[3] = {0, (n / 2) & ~(size_t)4095, n - m};
+        for (int k = 0; k < 3; k++) {
+            memset(r, 0, m);
+            T_CU(cuMemcpyDtoH, r, p + offs[k], m);
+            size_t bad = 0;
+            for (size_t i = 0; i < m; i++) bad += r[i] != 0x5a;
+            T_CHECK(bad == 0);
+        }
+    }
+    for (size_t i = 0; i < m; i++) w[i] = pattern(i);
+    T_CU(cuMemcpyHtoD, p + n - m, w, m);
+    memset(r, 0, m);
+    T_CU(cuMemcpyDtoH, r, p + n - m, m);
+    T_CHECK(memcmp(w, r, m) == 0);
+}
+
+/* Host-accessible memory: the host writes the first and last page through
+ * the pointer and the device reads them (a copy into device memory); then
+ * the device fills the whole range and the host reads it back (about a
+ * thousand samples of a large range: managed memory would otherwise
+ * migrate every page). */
+static inline void check_host_rw(CUdeviceptr p, size_t n, CUstream s)
+{
+    size_t m = n < 4096 ? n : 4096;
+    unsigned char *h = (unsigned char *)(uintptr_t)p;
+    unsigned char r[2 * 4096];
+    T_CU(cuStreamSynchronize, s);
+    memset(h, 0x3c, m);
+    for (size_t i = 0; i < m; i++) h[n - m + i] = pattern(i);
+    CUdeviceptr scratch = 0;
+    T_CU(cuMemAlloc, &scratch, 2 * m);
+    T_CU(cuMemcpyAsync, scratch, p, m, s);
+    T_CU(cuMemcpyAsync, scratch + m, p + n - m, m, s);
+    T_CU(cuStreamSynchronize, s);
+    T_CU(cuMemcpyDtoH, r, scratch, 2 * m);
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++) {
+        unsigned char want = i >= n - m ? pattern(i - (n - m)) : 0x3c;
+        bad += r[i] != want;
+        bad += r[m + i] != pattern(i);
+    }
+    T_CHECK(bad == 0);
+    T_CU(cuMemFree, scratch);
+    T_CU(cuMemsetD8Async, p, 0xc3, n, s);
+    T_CU(cuStreamSynchronize, s);
+    bad = 0;
+    size_t step = n > MiB ? n / 1021 : 1;
+    for (size_t i = 0; i < n; i += step) bad += h[i] != 0xc3;
+    bad += h[n - 1] != 0xc3;
+    T_CHECK(bad == 0);
+}
 
 static unsigned long total_calls(void)
 {
