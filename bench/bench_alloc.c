@@ -242,6 +242,86 @@ static void bench_pieces(bench_env_t *env)
     cubuf_resource_release(user);
 }
 
+/* ---- floors: what a correct pool resource cannot avoid, and cubuf's pieces in place ---- */
+
+/* One informational row: raw against `lib`, the same memory and stream. */
+static void floor_row(bench_env_t *env, const char *name, size_t size, CUstream stream,
+                      bench_op_fn raw, bench_op_fn lib, alloc_arg_t *arg)
+{
+    bench_case_t c = {
+        .group = "floor",
+        .name = name,
+        .size = size,
+        .mode = BENCH_LATENCY,
+        .stream = stream,
+        .raw = raw,
+        .lib = lib,
+        .arg = arg,
+        .sample_s = 2e-3,
+        .max_batch = 2000,
+        .budget_s = 0.5,
+        .min_pairs = 9,
+        .max_pairs = 41,
+        .target = BENCH_TARGET_NONE,
+    };
+    bench_compare(env, &c);
+}
+
+static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPool pool,
+                         const size_t *sizes, size_t nsizes)
+{
+    bench_section("the capture query a pool resource must make, and cubuf's pieces in place "
+                  "(informational)");
+    bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the same plus one "
+               "cuStreamIsCapturing");
+    for (size_t k = 0; k < nsizes; k++) {
+        alloc_arg_t arg = {sizes[k], env->stream, NULL, env->ctx, pool};
+        floor_row(env, "pool+capture_query", sizes[k], env->stream, raw_pool,
+                  raw_pool_with_capture_query, &arg);
+    }
+
+    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
+    ops.allocate = empty_alloc;
+    ops.deallocate = empty_free;
+    cubuf_resource_t *user = NULL;
+    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
+    const struct {
+        const char *name, *note;
+        bench_op_fn op;
+    } placed[] = {
+        {"query+buffer_object", "cubuf's buffer object (new + discard) around them",
+         raw_pool_with_buffer_object},
+        {"query+resource_lock", "cubuf's resource lock after each call (hold, drop)",
+         raw_pool_with_lock},
+        {"query+atomics_after", "one atomic increment after each driver call",
+         raw_pool_atomics_after},
+        {"query+atomics_before", "one atomic increment before each driver call",
+         raw_pool_atomics_before},
+    };
+    for (size_t v = 0; v < sizeof placed / sizeof placed[0]; v++) {
+        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the query, "
+                   "%s", placed[v].note);
+        alloc_arg_t arg = {64 * BENCH_KIB, env->stream, user, env->ctx, pool};
+        floor_row(env, placed[v].name, 64 * BENCH_KIB, env->stream, raw_pool, placed[v].op, &arg);
+    }
+    cubuf_resource_release(user);
+
+    if (r_pool) { /* the device pool row once more, now that everything is warm */
+        bench_note("device_pool_again: the device_pool row at 64 KiB, measured again last");
+        alloc_arg_t arg = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
+        floor_row(env, "device_pool_again", 64 * BENCH_KIB, env->stream, raw_pool, lib_resource,
+                  &arg);
+    }
+
+    bench_note("raw = the same on the legacy stream; \"cubuf\" column = the same plus "
+               "cuStreamIsCapturing and two cuCtxGetCurrent (new_buffer's floor)");
+    for (size_t k = 0; k < nsizes; k++) {
+        alloc_arg_t arg = {sizes[k], CU_STREAM_LEGACY, NULL, env->ctx, pool};
+        floor_row(env, "legacy+context_queries", sizes[k], CU_STREAM_LEGACY, raw_pool,
+                  raw_pool_with_context_queries, &arg);
+    }
+}
+
 /* ---- setup ---- */
 
 static void raise_release_threshold(CUmemoryPool pool)
@@ -400,114 +480,7 @@ int main(void)
         }
     }
 
-    bench_section("the capture query a pool resource must make (informational)");
-    bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the same plus one "
-               "cuStreamIsCapturing");
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        alloc_arg_t arg = {sizes[k], env.stream, NULL, env.ctx, default_pool};
-        bench_case_t c = {
-            .group = "floor",
-            .name = "pool+capture_query",
-            .size = sizes[k],
-            .mode = BENCH_LATENCY,
-            .stream = env.stream,
-            .raw = raw_pool,
-            .lib = raw_pool_with_capture_query,
-            .arg = &arg,
-            .sample_s = 2e-3,
-            .max_batch = 2000,
-            .budget_s = 0.5,
-            .min_pairs = 9,
-            .max_pairs = 41,
-            .target = BENCH_TARGET_NONE,
-        };
-        bench_compare(&env, &c);
-    }
-
-    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
-    ops.allocate = empty_alloc;
-    ops.deallocate = empty_free;
-    cubuf_resource_t *user = NULL;
-    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
-    struct {
-        const char *name, *note;
-        bench_op_fn op;
-    } placed[] = {
-        {"query+buffer_object", "cubuf's buffer object (new + discard) around them",
-         raw_pool_with_buffer_object},
-        {"query+resource_lock", "cubuf's resource lock after each call (hold, drop)",
-         raw_pool_with_lock},
-        {"query+atomics_after", "the same plus one atomic increment after each driver call",
-         raw_pool_atomics_after},
-        {"query+atomics_before", "the same plus one atomic increment before each driver call",
-         raw_pool_atomics_before},
-    };
-    for (size_t v = 0; v < sizeof placed / sizeof placed[0]; v++) {
-        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the query, "
-                   "%s", placed[v].note);
-        alloc_arg_t arg = {64 * BENCH_KIB, env.stream, user, env.ctx, default_pool};
-        bench_case_t c = {
-            .group = "floor",
-            .name = placed[v].name,
-            .size = 64 * BENCH_KIB,
-            .mode = BENCH_LATENCY,
-            .stream = env.stream,
-            .raw = raw_pool,
-            .lib = placed[v].op,
-            .arg = &arg,
-            .sample_s = 2e-3,
-            .max_batch = 2000,
-            .budget_s = 0.5,
-            .min_pairs = 9,
-            .max_pairs = 41,
-            .target = BENCH_TARGET_NONE,
-        };
-        bench_compare(&env, &c);
-    }
-    cubuf_resource_release(user);
-    /* The device pool row once more, now that everything is warm. */
-    {
-        alloc_arg_t arg = {64 * BENCH_KIB, env.stream, r_pool, env.ctx, default_pool};
-        bench_case_t c = {
-            .group = "floor",
-            .name = "device_pool_again",
-            .size = 64 * BENCH_KIB,
-            .mode = BENCH_LATENCY,
-            .stream = env.stream,
-            .raw = raw_pool,
-            .lib = lib_resource,
-            .arg = &arg,
-            .sample_s = 2e-3,
-            .max_batch = 2000,
-            .budget_s = 0.5,
-            .min_pairs = 9,
-            .max_pairs = 41,
-            .target = BENCH_TARGET_NONE,
-        };
-        if (r_pool) bench_compare(&env, &c);
-    }
-    bench_note("raw = the same on the legacy stream; \"cubuf\" column = the same plus "
-               "cuStreamIsCapturing and two cuCtxGetCurrent (new_buffer's floor)");
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        alloc_arg_t arg = {sizes[k], CU_STREAM_LEGACY, NULL, env.ctx, default_pool};
-        bench_case_t c = {
-            .group = "floor",
-            .name = "legacy+context_queries",
-            .size = sizes[k],
-            .mode = BENCH_LATENCY,
-            .stream = CU_STREAM_LEGACY,
-            .raw = raw_pool,
-            .lib = raw_pool_with_context_queries,
-            .arg = &arg,
-            .sample_s = 2e-3,
-            .max_batch = 2000,
-            .budget_s = 0.5,
-            .min_pairs = 9,
-            .max_pairs = 41,
-            .target = BENCH_TARGET_NONE,
-        };
-        bench_compare(&env, &c);
-    }
+    bench_floors(&env, r_pool, default_pool, sizes, sizeof sizes / sizeof sizes[0]);
 
     B_CU(cuCtxSynchronize);
     if (host_pool) B_CU(cuMemPoolDestroy, host_pool);

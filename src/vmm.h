@@ -216,6 +216,9 @@ cubuf_status_t cubuf__vmm_grow_options(const vmm_res_t *vr, const cubuf_vmm_opti
 bool cubuf__vmm_round_up(size_t size, size_t gran, size_t *out);
 /* How much to reserve for a space that maps `total` bytes. */
 size_t cubuf__vmm_reserve_target(size_t total, size_t gran);
+/* round_up to the resource's granularity; CUBUF_ERROR_OUT_OF_RANGE (naming
+ * `what`) when the result does not fit in size_t. */
+cubuf_status_t cubuf__vmm_round_size(const vmm_res_t *vr, size_t size, size_t *out, const char *what);
 
 void cubuf__vmm_range_free(vmm_range_t *r);
 /* The index of an access profile in the range, added if new. */

@@ -219,16 +219,12 @@ static cubuf_status_t grow_member(cubuf_resource_t *res, vmm_member_t *from, siz
                                   cubuf_buffer_t *nb, const char *what)
 {
     const vmm_res_t *vr = res->impl;
-    size_t want;
-    if (!cubuf__vmm_round_up(new_size, vr->gran, &want))
-        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
-                           "%s: %zu bytes rounded up to the %zu-byte granularity do not fit in "
-                           "size_t",
-                           what, new_size, vr->gran);
+    size_t want = 0;
+    cubuf_status_t st = cubuf__vmm_round_size(vr, new_size, &want, what);
+    if (st != CUBUF_SUCCESS) return st;
     vmm_member_t *to = calloc(1, sizeof *to);
     if (!to) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     vmm_range_t *r = from->range;
-    cubuf_status_t st = CUBUF_SUCCESS;
     pthread_mutex_lock(&r->lock);
     if (want <= cur) {
         /* Within the buffer: the same mappings again, no driver call. */

@@ -30,6 +30,14 @@ bool cubuf__vmm_round_up(size_t size, size_t gran, size_t *out)
     return true;
 }
 
+cubuf_status_t cubuf__vmm_round_size(const vmm_res_t *vr, size_t size, size_t *out, const char *what)
+{
+    if (cubuf__vmm_round_up(size, vr->gran, out)) return CUBUF_SUCCESS;
+    return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                       "%s: %zu bytes rounded up to the %zu-byte granularity do not fit in size_t",
+                       what, size, vr->gran);
+}
+
 /* How much to reserve for a space that maps `total` bytes: the next power
  * of two, doubled, at least VMM_MIN_RESERVE. A doubling grow then finds its
  * addresses reserved every other step, and small grows almost always. */
@@ -161,19 +169,15 @@ cubuf_status_t cubuf__vmm_range_create(cubuf_resource_t *res, const cubuf_vmm_op
                                        size_t size, cubuf_buffer_t *buf, const char *what)
 {
     const vmm_res_t *vr = res->impl;
-    size_t total;
-    if (!cubuf__vmm_round_up(size, vr->gran, &total))
-        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
-                           "%s: %zu bytes rounded up to the %zu-byte granularity do not fit in "
-                           "size_t",
-                           what, size, vr->gran);
+    size_t total = 0;
+    cubuf_status_t st = cubuf__vmm_round_size(vr, size, &total, what);
+    if (st != CUBUF_SUCCESS) return st;
     vmm_access_t access;
     cubuf__vmm_build_access(vr, o, &access);
     CUmemAllocationProp prop;
     cubuf__vmm_fill_prop(vr, o->gpu_direct_rdma, &prop);
     size_t rsize = cubuf__vmm_reserve_target(total, vr->gran);
 
-    cubuf_status_t st;
     vmm_range_t *r = range_new(&access);
     vmm_space_t *s = cubuf__vmm_space_new(1, 1);
     vmm_member_t *m = calloc(1, sizeof *m);
