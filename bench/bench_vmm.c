@@ -574,10 +574,30 @@ static void series_diagnose(const series_t *s, const double *ratio, int worst)
 
 /* Runs a series' repeats within the time budget (at least 3 when over
  * it); after_repeat(arg, r), if given, runs after each. */
+/* Lets the driver finish with the memory a repeat freed. On the H200 a
+ * repeat that started right after 100+ GiB had been freed saw single
+ * 16 GiB steps take 200 ms instead of 1 ms, on whichever side allocated
+ * second (about the time needed to clear 16 GiB: freed memory is
+ * evidently cleared in the background before it is handed out again).
+ * That hits cubuf or the floor at random and says nothing about either, so
+ * each repeat waits first about as long as clearing that much takes. */
+static void settle_after(size_t freed)
+{
+    double s = (double)freed / 50e9; /* bytes per second, well under the clearing rate seen */
+    if (s < 0.001) return;
+    if (s > 3.0) s = 3.0;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 static void series_run(series_t *s, const char *what, void (*after_repeat)(void *arg, int r),
                        void *arg)
 {
     for (int r = 0; r < REPEATS; r++) {
+        /* Before each repeat: what the last one freed (both chains and the
+         * copy-based one, each up to the top size), or what other programs
+         * freed before this one started. */
+        settle_after(3 * s->sizes[s->n - 1]);
         run_repeat(s, r);
         if (after_repeat) after_repeat(arg, r);
         s->reps++;
