@@ -588,6 +588,10 @@ static void settle_after(size_t freed)
     if (s > 3.0) s = 3.0;
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
+    /* Then busy for 50 ms: a thread that just slept runs its first driver
+     * calls slower (clocks and caches), and the first timed step of a
+     * repeat would pay for it. */
+    for (double t0 = bench_now(); bench_now() - t0 < 0.05;) B_CU(cuCtxSynchronize);
 }
 
 static void series_run(series_t *s, const char *what, void (*after_repeat)(void *arg, int r),
