@@ -858,15 +858,22 @@ static halves_t lib_alloc_close(size_t size)
  * for cubuf. */
 static void alloc_close_run(size_t size, int r, halves_t *h)
 {
+    /* Each sequence frees what the next allocates: let it be cleared first
+     * (settle_after; it matters from about 1 GiB on). */
     if (r % 2 == 0) {
+        settle_after(size);
         h[0] = raw_alloc_close(size, &variants[0]);
+        settle_after(size);
         h[ROW_CUBUF] = lib_alloc_close(size);
     } else {
+        settle_after(size);
         h[ROW_CUBUF] = lib_alloc_close(size);
+        settle_after(size);
         h[0] = raw_alloc_close(size, &variants[0]);
     }
     for (int i = 0; i < NVARIANTS - 1; i++) {
         int v = 1 + (r + i) % (NVARIANTS - 1);
+        settle_after(size);
         h[v] = raw_alloc_close(size, &variants[v]);
     }
 }
