@@ -264,6 +264,32 @@ static void chain_copy(const size_t *sizes, int n, size_t first, double *t)
     B_CU(cuMemFree, d);
 }
 
+/* Busy with cuCtxSynchronize for `seconds`, untimed, before a timed step:
+ * a thread that just slept runs its first driver calls slower (clocks and
+ * caches), and the first grow right after a large reservation was slower
+ * on either side; without this the first timed step of a repeat pays. */
+static void quiesce(double seconds)
+{
+    for (double t0 = bench_now(); bench_now() - t0 < seconds;) B_CU(cuCtxSynchronize);
+}
+
+/* Lets the driver finish with the memory a repeat freed. On the H200 a
+ * repeat that started right after 100+ GiB had been freed saw single
+ * 16 GiB steps take 200 ms instead of 1 ms, on whichever side allocated
+ * second (about the time needed to clear 16 GiB: freed memory is
+ * evidently cleared in the background before it is handed out again).
+ * That hits cubuf or the floor at random and says nothing about either, so
+ * each repeat waits first about as long as clearing that much takes. */
+static void settle_after(size_t freed)
+{
+    double s = (double)freed / 50e9; /* bytes per second, well under the clearing rate seen */
+    if (s < 0.001) return;
+    if (s > 3.0) s = 3.0;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+    quiesce(0.05);
+}
+
 /* ---- a series: cubuf's and the floor's chains, step by step, over repeats -------------- */
 
 /* Index of step k, repeat r in a series' arrays. */
@@ -389,6 +415,7 @@ static void run_repeat(series_t *s, int r)
     s->base[r][SIDE_FLOOR] = chain_base(&c[SIDE_FLOOR]);
     s->rebase[r] = 0;
     s->moves_r[r] = 0;
+    quiesce(0.02);
     for (int k = 0; k < par; k++) {
         side_t f = k % 2 == 0 ? lead : other_side(lead); /* floor first when k + r is even */
         series_step(s, &c[f], k, r);
@@ -574,25 +601,6 @@ static void series_diagnose(const series_t *s, const double *ratio, int worst)
 
 /* Runs a series' repeats within the time budget (at least 3 when over
  * it); after_repeat(arg, r), if given, runs after each. */
-/* Lets the driver finish with the memory a repeat freed. On the H200 a
- * repeat that started right after 100+ GiB had been freed saw single
- * 16 GiB steps take 200 ms instead of 1 ms, on whichever side allocated
- * second (about the time needed to clear 16 GiB: freed memory is
- * evidently cleared in the background before it is handed out again).
- * That hits cubuf or the floor at random and says nothing about either, so
- * each repeat waits first about as long as clearing that much takes. */
-static void settle_after(size_t freed)
-{
-    double s = (double)freed / 50e9; /* bytes per second, well under the clearing rate seen */
-    if (s < 0.001) return;
-    if (s > 3.0) s = 3.0;
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-    /* Then busy for 50 ms: a thread that just slept runs its first driver
-     * calls slower (clocks and caches), and the first timed step of a
-     * repeat would pay for it. */
-    for (double t0 = bench_now(); bench_now() - t0 < 0.05;) B_CU(cuCtxSynchronize);
-}
 
 static void series_run(series_t *s, const char *what, void (*after_repeat)(void *arg, int r),
                        void *arg)
@@ -969,6 +977,58 @@ static void bench_alloc_close(void)
     }
 }
 
+/* ---- 5. an A/A control: the floor against itself ----------------------------------------- */
+
+/* The 2 MiB steps with the floor on both sides, measured exactly as cubuf
+ * against the floor: how many steps above 1.10 the noise alone makes. */
+static void bench_aa_control(void)
+{
+    size_t step = 2 * BENCH_MIB > g_gran ? 2 * BENCH_MIB : g_gran;
+    int n = STEPS_2MIB;
+    size_t top = (size_t)(n + 1) * step;
+    if (2 * top + PAIR_MARGIN > free_memory()) {
+        bench_note("A/A control skipped: no room for two chains");
+        return;
+    }
+    double *t = xmalloc((size_t)n * REPEATS * 2 * sizeof *t); /* [k][r][side] */
+    int reps = 0;
+    for (int r = 0; r < REPEATS && !(over_budget() && r >= 2); r++, reps++) {
+        settle_after(2 * top);
+        chain_t c[2];
+        chain_open(&c[0], SIDE_FLOOR, step, top, n, 0);
+        chain_open(&c[1], SIDE_FLOOR, step, top, n, chain_base(&c[0]) + 2 * top);
+        quiesce(0.02);
+        for (int k = 0; k < n; k++) {
+            int f = (k + r) % 2;
+            size_t size = (size_t)(k + 2) * step;
+            t[((size_t)k * REPEATS + (size_t)r) * 2 + (size_t)f] = chain_step(&c[f], size).t;
+            t[((size_t)k * REPEATS + (size_t)r) * 2 + (size_t)(1 - f)] = chain_step(&c[1 - f], size).t;
+        }
+        chain_close(&c[0]);
+        chain_close(&c[1]);
+    }
+    double *ratio = xmalloc((size_t)n * sizeof *ratio);
+    for (int k = 0; k < n; k++) {
+        double rr[REPEATS];
+        for (int r = 0; r < reps; r++) {
+            const double *x = &t[((size_t)k * REPEATS + (size_t)r) * 2];
+            rr[r] = x[1] / x[0];
+        }
+        ratio[k] = median_of(rr, reps);
+    }
+    int over = 0;
+    for (int k = 0; k < n; k++) over += ratio[k] > STEP_BOUND;
+    double med = bench_median(ratio, n); /* sorts */
+    printf("\n== A/A control: the same %d grows of %zu MiB with the floor on both sides, paired as "
+           "above (%d runs)\n",
+           n, step / BENCH_MIB, reps);
+    printf("RESULT grow_2mib_steps_aa: floor/floor median %.3f, p90 %.3f, p99 %.3f, worst %.3f; %d of "
+           "%d steps above %.2f\n",
+           med, ratio[(n * 9) / 10], ratio[(n * 99) / 100], ratio[n - 1], over, n, STEP_BOUND);
+    free(ratio);
+    free(t);
+}
+
 /* ---- 4. what headroom costs ------------------------------------------------------------ */
 
 /* A buffer's first granule mapped into reservations of growing size: how
@@ -1048,6 +1108,7 @@ int main(void)
     warm_up();
     bench_doubling();
     bench_steps();
+    bench_aa_control();
     bench_alloc_close();
     bench_headroom();
 
