@@ -159,6 +159,18 @@ static cubuf_status_t copy_with_options(CUdeviceptr dst, CUdeviceptr src, size_t
 
 /* ---- buffer copies --------------------------------------------------------- */
 
+/* Device memory of two different devices, each with its context. Such a
+ * copy goes through cuMemcpyPeerAsync: with cuMemcpyAsync the driver (580)
+ * refuses pool memory that the other device was not granted
+ * (CUDA_ERROR_INVALID_VALUE), which is what context pools hold. */
+static bool between_devices(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
+{
+    unsigned host = CUBUF__HOST_ACCESSIBLE | CUBUF__MANAGED;
+    return dst->device_id >= 0 && src->device_id >= 0 && dst->device_id != src->device_id &&
+           !(dst->flags & host) && !(src->flags & host) && cubuf__buffer_exec_ctx(dst) &&
+           cubuf__buffer_exec_ctx(src);
+}
+
 cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
                                       CUstream stream, const cubuf_copy_options_t *options)
 {
@@ -178,7 +190,13 @@ cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t 
     if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
     if ((st = push_if(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
-    if (!options) {
+    if (!options && between_devices(dst, src)) {
+        st = CU(cuMemcpyPeerAsync, dst->ptr, cubuf__buffer_exec_ctx(dst), src->ptr,
+                cubuf__buffer_exec_ctx(src), size, stream);
+        if (st != CUBUF_SUCCESS)
+            cubuf__detail_append("%s of %zu bytes from device %d to device %d", what, size,
+                                 src->device_id, dst->device_id);
+    } else if (!options) {
         st = CU(cuMemcpyAsync, dst->ptr, src->ptr, size, stream);
         if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
     } else {
