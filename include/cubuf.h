@@ -382,7 +382,10 @@ typedef struct cubuf_copy_options {
  * made through), else src's, else the caller's current context (views and
  * user resources); `stream` must belong to that context or be a default
  * stream. Without options it costs cuMemcpyAsync plus at most one
- * cuCtxGetCurrent.
+ * cuCtxGetCurrent; between device memory of two devices (pyarrow's copy
+ * from another device) it is cuMemcpyPeerAsync with both buffers'
+ * contexts, which needs no peer access granted (the plain copy does for
+ * pool memory).
  * `options` may be NULL. With options the copy goes through the driver's
  * attributed copy (a batch of one through cuMemcpyBatchAsync with the 13.0 ABI):
  * options are refused with the legacy default stream (0 or
