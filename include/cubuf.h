@@ -382,10 +382,12 @@ typedef struct cubuf_copy_options {
  * made through), else src's, else the caller's current context (views and
  * user resources); `stream` must belong to that context or be a default
  * stream. Without options it costs cuMemcpyAsync plus at most one
- * cuCtxGetCurrent; between device memory of two devices (pyarrow's copy
- * from another device) it is cuMemcpyPeerAsync with both buffers'
- * contexts, which needs no peer access granted (the plain copy does for
- * pool memory).
+ * cuCtxGetCurrent; between device memory of two devices whose buffers both
+ * belong to a context (resource or context buffers; pyarrow's copy from
+ * another device) it is cuMemcpyPeerAsync with both contexts, which needs
+ * no peer access granted. A view, or a copy with options, takes the plain
+ * path, where the driver refuses pool memory of another device that was
+ * not granted to the copying device (cubuf_resource_set_peer_access).
  * `options` may be NULL. With options the copy goes through the driver's
  * attributed copy (a batch of one through cuMemcpyBatchAsync with the 13.0 ABI):
  * options are refused with the legacy default stream (0 or

@@ -245,9 +245,10 @@ typedef struct cubuf__buffer_cache {
     cubuf_buffer_t *objs[CUBUF__BUFFER_CACHE_MAX];
     unsigned n;
 } cubuf__buffer_cache_t;
-/* initial-exec: one pointer of static TLS, read without a __tls_get_addr
- * call when cubuf is a shared library. */
-extern _Thread_local cubuf__buffer_cache_t *cubuf__tls_cache __attribute__((tls_model("initial-exec")));
+/* The default TLS model on purpose: initial-exec would mark the shared
+ * library STATIC_TLS, and a late dlopen (Python's ctypes) of its 1 KiB of
+ * thread-local data can then fail for want of static TLS space. */
+extern _Thread_local cubuf__buffer_cache_t *cubuf__tls_cache;
 
 cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out);
 void cubuf__buffer_discard_slow(cubuf_buffer_t *buf);

@@ -4,6 +4,7 @@
  * context of device 1, reads it with device 1's copy engines and, where it
  * was given write access, writes it back with them. Exits 77 with fewer than
  * two devices. */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,14 +117,14 @@ static cubuf_resource_t *exporter_resource(size_t m)
 
 static pid_t spawn_child(int sock, const char *self)
 {
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", sock);
     pid_t pid = fork();
     if (pid < 0) {
         perror("fork");
         exit(1);
     }
     if (pid == 0) {
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", sock);
         execl(self, self, "--importer", fd, (char *)NULL);
         _exit(127);
     }
@@ -141,7 +142,9 @@ int main(int argc, char **argv)
         return 77;
     }
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+    /* Our end is close-on-exec: should this process fail and exit early,
+     * the importer's receive then sees the connection closed, not a hang. */
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || fcntl(sv[0], F_SETFD, FD_CLOEXEC) != 0) {
         perror("socketpair");
         return 1;
     }

@@ -58,8 +58,10 @@
  * Sizes are rounded up to the resource's granularity (cubuf_vmm_granularity);
  * a buffer reports its rounded size. Allocating size 0 gives an open, empty
  * buffer and makes no driver call. The resource reserves more address space
- * than it maps (at least 1 GiB, and room to double), so that most grows need
- * no new reservation; this costs address space only, never memory.
+ * than it maps (at least 4 GiB, and room to double), so that most grows need
+ * no new reservation; this costs address space only, never memory, but it
+ * bounds the number of live VMM buffers: about 30000 small ones fill the
+ * 128 TiB of address space a process has.
  *
  * Deallocation streams order nothing here (virtual memory operations are
  * synchronous): they are the streams a close waits for.
