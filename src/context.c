@@ -166,9 +166,8 @@ cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t 
     return CUBUF_SUCCESS;
 }
 
-cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard)
+cubuf_status_t cubuf__ctx_push_nonnull(CUcontext ctx, cubuf_ctx_guard_t *guard)
 {
-    guard->pushed = false;
     CUcontext cur = NULL;
     cubuf_status_t st = CU(cuCtxGetCurrent, &cur);
     if (st != CUBUF_SUCCESS) return st;

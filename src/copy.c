@@ -27,12 +27,6 @@ static CUcontext copy_ctx(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
     return c ? c : cubuf__buffer_exec_ctx(src);
 }
 
-static cubuf_status_t push_if(CUcontext ctx, cubuf_ctx_guard_t *g)
-{
-    g->pushed = false;
-    return ctx ? cubuf__ctx_push(ctx, g) : CUBUF_SUCCESS;
-}
-
 /* ---- copy options ---------------------------------------------------------- */
 
 static bool is_legacy_stream(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
@@ -189,7 +183,7 @@ cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t 
     if (size == 0) return CUBUF_SUCCESS;
     if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
-    if ((st = push_if(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
     if (!options && between_devices(dst, src)) {
         st = CU(cuMemcpyPeerAsync, dst->ptr, cubuf__buffer_exec_ctx(dst), src->ptr,
                 cubuf__buffer_exec_ctx(src), size, stream);
@@ -395,7 +389,7 @@ cubuf_status_t cubuf_buffer_fill(cubuf_buffer_t *buf, const void *pattern, size_
               (unsigned long long)buf->ptr, pattern_size);
     if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
-    if ((st = push_if(cubuf__buffer_exec_ctx(buf), &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(cubuf__buffer_exec_ctx(buf), &g)) != CUBUF_SUCCESS) return st;
     /* The pattern's bytes are copied as they lie in memory, so the device
      * (little-endian, like every host CUDA runs on) repeats them in order. */
     if (pattern_size == 1) {

@@ -64,11 +64,17 @@ cubuf_status_t cubuf__device_get(int ordinal, CUdevice *dev);
 cubuf_status_t cubuf__device_attr(CUdevice dev, CUdevice_attribute attr, int *value);
 
 /* Makes `ctx` current for a while; restores the caller's context on pop.
- * Skips the push when ctx is already current (the common, fast case). */
+ * Skips the push when ctx is already current (the common, fast case), and
+ * does nothing at all for a NULL ctx (a user stream's token, a view). */
 typedef struct cubuf_ctx_guard {
     bool pushed;
 } cubuf_ctx_guard_t;
-cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard);
+cubuf_status_t cubuf__ctx_push_nonnull(CUcontext ctx, cubuf_ctx_guard_t *guard);
+static inline cubuf_status_t cubuf__ctx_push(CUcontext ctx, cubuf_ctx_guard_t *guard)
+{
+    guard->pushed = false;
+    return ctx ? cubuf__ctx_push_nonnull(ctx, guard) : CUBUF_SUCCESS;
+}
 void cubuf__ctx_pop_pushed(cubuf_ctx_guard_t *guard);
 static inline void cubuf__ctx_pop(cubuf_ctx_guard_t *guard)
 {

@@ -160,7 +160,7 @@ static cubuf_status_t user_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf
     /* A default stream means something only in the context it was bound in. */
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
-    if (token->ctx && (st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
     st = res->user_ops.deallocate(res->user_state, buf->ptr, buf->size, token->stream);
     cubuf__ctx_pop(&g);
     return st;

@@ -193,33 +193,30 @@ static cubuf_status_t sync_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, 
 
 static const cubuf_resource_vtbl_t sync_vtbl = {sync_allocate, sync_free, NULL, false};
 
-cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out)
+/* Legacy pinned memory is host memory of no device; the other is device memory. */
+static cubuf_status_t sync_create(int ordinal, cubuf_resource_kind_t kind, cubuf_resource_t **out)
 {
-    CHECK_ARG(out, "cubuf_legacy_pinned_resource_create: out is NULL");
     cubuf_context_t *ctx = NULL;
     cubuf_status_t st = cubuf__context_for_device(ordinal, &ctx);
     if (st != CUBUF_SUCCESS) return st;
+    bool host = kind == CUBUF_RES_LEGACY_PINNED;
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
-    props.device_id = -1;
+    props.device_id = host ? -1 : ordinal;
     props.device_accessible = true;
-    props.host_accessible = true;
-    if ((st = new_resource(&sync_vtbl, CUBUF_RES_LEGACY_PINNED, ctx, &props, out)) !=
-        CUBUF_SUCCESS)
+    props.host_accessible = host;
+    if ((st = new_resource(&sync_vtbl, kind, ctx, &props, out)) != CUBUF_SUCCESS)
         cubuf__context_release(ctx);
     return st;
+}
+
+cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out)
+{
+    CHECK_ARG(out, "cubuf_legacy_pinned_resource_create: out is NULL");
+    return sync_create(ordinal, CUBUF_RES_LEGACY_PINNED, out);
 }
 
 cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t **out)
 {
     CHECK_ARG(out, "cubuf_sync_device_resource_create: out is NULL");
-    cubuf_context_t *ctx = NULL;
-    cubuf_status_t st = cubuf__context_for_device(ordinal, &ctx);
-    if (st != CUBUF_SUCCESS) return st;
-    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
-    props.device_id = ordinal;
-    props.device_accessible = true;
-    if ((st = new_resource(&sync_vtbl, CUBUF_RES_SYNC_DEVICE, ctx, &props, out)) !=
-        CUBUF_SUCCESS)
-        cubuf__context_release(ctx);
-    return st;
+    return sync_create(ordinal, CUBUF_RES_SYNC_DEVICE, out);
 }

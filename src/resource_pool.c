@@ -28,8 +28,10 @@ CUmemoryPool cubuf__pool_handle(const cubuf_resource_t *res)
  * pushed and nothing asked again; user streams need no context at all. */
 static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, bool in_ctx, cubuf_ctx_guard_t *g)
 {
-    g->pushed = false;
-    if (!buf->dealloc.ctx || in_ctx) return CUBUF_SUCCESS;
+    if (in_ctx) {
+        g->pushed = false;
+        return CUBUF_SUCCESS;
+    }
     return cubuf__ctx_push(buf->dealloc.ctx, g);
 }
 
@@ -107,7 +109,7 @@ static cubuf_status_t pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf
 {
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
-    if (token->ctx && (st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
     CUresult r = CU_CALL(cuMemFreeAsync, buf->ptr, token->stream);
     st = r == CUDA_SUCCESS ? CUBUF_SUCCESS : free_failed(r, buf, token->stream);
     cubuf__ctx_pop(&g);
@@ -177,7 +179,7 @@ static cubuf_status_t graph_deallocate(cubuf_resource_t *res, cubuf_buffer_t *bu
 {
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
-    if (token->ctx && (st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
     st = CU(cuMemFreeAsync, buf->ptr, token->stream);
     if (st != CUBUF_SUCCESS)
         cubuf__detail_append("pointer 0x%llx, size %zu", (unsigned long long)buf->ptr, buf->size);

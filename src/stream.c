@@ -24,7 +24,7 @@ cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamC
 {
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st = CUBUF_SUCCESS;
-    if (cubuf__stream_is_default(s) && ctx && (st = cubuf__ctx_push(ctx, &g)) != CUBUF_SUCCESS)
+    if (cubuf__stream_is_default(s) && (st = cubuf__ctx_push(ctx, &g)) != CUBUF_SUCCESS)
         return st;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r = CU_CALL(cuStreamIsCapturing, s, &cs);
@@ -54,7 +54,7 @@ cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t)
 {
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
-    if (t->ctx && (st = cubuf__ctx_push(t->ctx, &g)) != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__ctx_push(t->ctx, &g)) != CUBUF_SUCCESS) return st;
     st = CU(cuStreamSynchronize, t->stream);
     cubuf__ctx_pop(&g);
     return st;
