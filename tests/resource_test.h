@@ -8,6 +8,44 @@
 #include "test.h"
 
 #define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+/* The resource's statistics are exactly these (printed on mismatch). */
+#define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
+    do {                                                                                      \
+        cubuf_resource_stats_t s_ = {0};                                                      \
+        T_OK(cubuf_resource_stats((res), &s_));                                               \
+        if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
+            s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
+            s_.total_allocations != (uint64_t)(tot)) {                                        \
+            fprintf(stderr,                                                                   \
+                    "%s:%d: stats %zu/%zu bytes, %zu/%zu count, %llu total; expected "        \
+                    "%zu/%zu, %zu/%zu, %llu\n",                                               \
+                    __FILE__, __LINE__, s_.current_bytes, s_.peak_bytes, s_.current_count,    \
+                    s_.peak_count, (unsigned long long)s_.total_allocations, (size_t)(cur),   \
+                    (size_t)(peak), (size_t)(cnt), (size_t)(pcnt), (unsigned long long)(tot)); \
+            t_failures++;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static inline CUcontext current(void)
+{
+    CUcontext c = NULL;
+    T_CU(cuCtxGetCurrent, &c);
+    return c;
+}
+
+/* The resource's properties: device accessible, the rest as given. */
+static inline void check_props(cubuf_resource_t *res, int device_id, bool host, bool managed, bool ipc)
+{
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(res, &p));
+    T_CHECK(p.device_id == device_id);
+    T_CHECK(p.device_accessible);
+    T_CHECK(p.host_accessible == host);
+    T_CHECK(p.managed == managed);
+    T_CHECK(p.ipc_enabled == ipc);
+}
 
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 31 + 7); }
 

@@ -10,36 +10,13 @@
 #include "test.h"
 #include "resource_test.h"
 
-#define GiB ((size_t)1 << 30)
 
 static CUcontext g_ctx;
 static CUdevice g_dev;
 static CUstream g_s;
 
-#define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
-    do {                                                                                      \
-        cubuf_resource_stats_t s_ = {0};                                                      \
-        T_OK(cubuf_resource_stats((res), &s_));                                               \
-        if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
-            s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
-            s_.total_allocations != (uint64_t)(tot)) {                                        \
-            fprintf(stderr,                                                                   \
-                    "%s:%d: stats %zu/%zu bytes, %zu/%zu count, %llu total; expected "        \
-                    "%zu/%zu, %zu/%zu, %llu\n",                                               \
-                    __FILE__, __LINE__, s_.current_bytes, s_.peak_bytes, s_.current_count,    \
-                    s_.peak_count, (unsigned long long)s_.total_allocations, (size_t)(cur),   \
-                    (size_t)(peak), (size_t)(cnt), (size_t)(pcnt), (unsigned long long)(tot)); \
-            t_failures++;                                                                     \
-        }                                                                                     \
-    } while (0)
 
 
-static CUcontext current(void)
-{
-    CUcontext c = NULL;
-    T_CU(cuCtxGetCurrent, &c);
-    return c;
-}
 
 /* ---- device memory accounting ------------------------------------------------
  *
@@ -152,16 +129,6 @@ static void exercise(cubuf_resource_t *res, const size_t *sizes, int count, bool
     T_STATS(res, 0, sum, 0, live, live);
 }
 
-static void check_props(cubuf_resource_t *res, int device_id, bool host, bool managed)
-{
-    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
-    T_OK(cubuf_resource_props(res, &p));
-    T_CHECK(p.device_id == device_id);
-    T_CHECK(p.device_accessible);
-    T_CHECK(p.host_accessible == host);
-    T_CHECK(p.managed == managed);
-    T_CHECK(!p.ipc_enabled);
-}
 
 /* How a fault loop checks device memory: not at all (host memory), exactly,
  * or within the UVM driver's root-chunk batch (managed memory). */
@@ -405,7 +372,7 @@ static void test_managed(void)
     for (int k = 0; k < 3; k++) {
         int pref = prefs[k];
         T_REQUIRE(cubuf_managed_resource_create(0, pref, &r));
-        check_props(r, 0, true, true);
+        check_props(r, 0, true, true, false);
         /* 1 GiB only where it is prefetched to a card with room to spare. */
         int n = pref == 0 && total >= 8 * GiB ? 4 : 3;
         /* A first round on a resource of its own: whatever UVM makes on first
@@ -471,7 +438,7 @@ static void test_legacy_pinned(void)
     T_STATUS(cubuf_legacy_pinned_resource_create(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_legacy_pinned_resource_create(count, &r), CUBUF_ERROR_OUT_OF_RANGE);
     T_REQUIRE(cubuf_legacy_pinned_resource_create(0, &r));
-    check_props(r, -1, true, false);
+    check_props(r, -1, true, false, false);
 
     /* Size 0: pointer 0 and no driver call at all on a user stream; on a
      * default stream only the context lookup that records it. */
@@ -516,7 +483,7 @@ static void test_sync_device(void)
     T_STATUS(cubuf_sync_device_resource_create(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_sync_device_resource_create(-1, &r), CUBUF_ERROR_OUT_OF_RANGE);
     T_REQUIRE(cubuf_sync_device_resource_create(0, &r));
-    check_props(r, 0, false, false);
+    check_props(r, 0, false, false, false);
     size_t base = settled_free();
     size_t sizes[4] = {0, 1, 1000, GiB};
     exercise(r, sizes, 4, false, false);

@@ -10,29 +10,12 @@
 #include "test.h"
 #include "resource_test.h"
 
-#define GiB ((size_t)1 << 30)
 
 static CUcontext g_ctx; /* device 0's primary context, current on the main thread */
 static CUdevice g_dev;
 static CUstream g_s;    /* a non-blocking stream of g_ctx */
 static const size_t k_sizes[] = {0, 1, 1000, GiB};
 
-#define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
-    do {                                                                                      \
-        cubuf_resource_stats_t s_ = {0};                                                      \
-        T_OK(cubuf_resource_stats((res), &s_));                                               \
-        if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
-            s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
-            s_.total_allocations != (uint64_t)(tot)) {                                        \
-            fprintf(stderr,                                                                   \
-                    "%s:%d: stats %zu/%zu bytes, %zu/%zu count, %llu total; expected "        \
-                    "%zu/%zu, %zu/%zu, %llu\n",                                               \
-                    __FILE__, __LINE__, s_.current_bytes, s_.peak_bytes, s_.current_count,    \
-                    s_.peak_count, (unsigned long long)s_.total_allocations, (size_t)(cur),   \
-                    (size_t)(peak), (size_t)(cnt), (size_t)(pcnt), (unsigned long long)(tot)); \
-            t_failures++;                                                                     \
-        }                                                                                     \
-    } while (0)
 
 
 static CUmemoryPool default_pool(void)
@@ -147,12 +130,6 @@ static void leak_visible(CUmemoryPool pool, const char *what)
     }
 }
 
-static CUcontext current(void)
-{
-    CUcontext c = NULL;
-    T_CU(cuCtxGetCurrent, &c);
-    return c;
-}
 
 
 
@@ -194,16 +171,6 @@ static void exercise_sizes(cubuf_resource_t *res, CUstream s, bool host)
     T_CU(cuCtxSynchronize);
 }
 
-static void check_props(cubuf_resource_t *res, int device_id, bool host, bool ipc)
-{
-    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
-    T_OK(cubuf_resource_props(res, &p));
-    T_CHECK(p.device_id == device_id);
-    T_CHECK(p.device_accessible);
-    T_CHECK(p.host_accessible == host);
-    T_CHECK(!p.managed);
-    T_CHECK(p.ipc_enabled == ipc);
-}
 
 static void test_validation(void)
 {
@@ -248,7 +215,7 @@ static void test_default_pool(void)
     T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
     T_CHECK(threshold(dp) == UINT64_MAX);
     T_CHECK(cubuf__pool_handle(r) == dp);
-    check_props(r, 0, false, false);
+    check_props(r, 0, false, false, false);
     /* ...and never lowered: the pool is shared. */
     cubuf_resource_t *r2 = NULL;
     o.release_threshold = MiB;
@@ -328,7 +295,7 @@ static void test_private_pool(void)
     CUmemoryPool pool = cubuf__pool_handle(r);
     T_CHECK(pool != NULL && pool != dp);
     T_CHECK(threshold(pool) == UINT64_MAX);
-    check_props(r, 0, false, false);
+    check_props(r, 0, false, false, false);
     leak_visible(pool, "private pool");
     exercise_sizes(r, g_s, false);
     cubuf_resource_release(r); /* destroys the pool */
@@ -349,7 +316,7 @@ static void test_private_pool(void)
         printf("note: IPC pools not supported here: %s\n", cubuf_last_error());
     } else {
         T_OK(st);
-        check_props(r, 0, false, true);
+        check_props(r, 0, false, false, true);
         cubuf_buffer_t *b = NULL;
         T_OK(cubuf_resource_allocate(r, MiB, g_s, &b));
         check_device_rw(cubuf_buffer_ptr(b), MiB, g_s);
@@ -427,7 +394,7 @@ static void test_pinned(void)
 {
     cubuf_resource_t *r = NULL;
     T_REQUIRE(cubuf_pinned_resource_create(0, false, &r));
-    check_props(r, -1, true, false);
+    check_props(r, -1, true, false, false);
     CUmemoryPool pool = cubuf__pool_handle(r);
     T_CHECK(pool != NULL && pool != default_pool());
     /* The device was granted read-write access: copies run at full speed. */
@@ -451,7 +418,7 @@ static void test_pinned(void)
         return;
     }
     T_OK(st);
-    check_props(r, -1, true, true);
+    check_props(r, -1, true, false, true);
     T_CU(cuMemPoolGetAccess, &flags, cubuf__pool_handle(r), &loc);
     T_CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     T_OK(cubuf_resource_allocate(r, MiB, g_s, &b));
@@ -465,7 +432,7 @@ static void test_graph(void)
 {
     cubuf_resource_t *r = NULL;
     T_REQUIRE(cubuf_graph_resource_create(0, &r));
-    check_props(r, 0, false, false);
+    check_props(r, 0, false, false, false);
     T_CHECK(cubuf__pool_handle(r) == NULL); /* not a pool resource: never exported */
 
     /* Outside capture: refused, pointing at the pool resources. */

@@ -694,21 +694,10 @@ static void test_wrapped(cubuf_resource_t *res)
 
 int main(void)
 {
-    t_require_gpu();
     cubuf_context_t *ctx = NULL;
-    T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
-    T_CU(cuCtxSetCurrent, g_ctx);
+    cubuf_resource_t *res = vmm_test_start(&ctx, &g_ctx, &g_gran);
     g_host = malloc(SCRATCH);
     if (!g_host) return 1;
-    cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &res);
-    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
-        printf("SKIP: %s\n", cubuf_last_error());
-        return T_SKIP;
-    }
-    T_REQUIRE(st);
-    T_REQUIRE(cubuf_vmm_granularity(res, &g_gran));
     printf("granularity %zu bytes\n", g_gran);
     warm_up(res, false);
     size_t free0 = t_free_device_memory();

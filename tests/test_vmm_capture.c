@@ -179,21 +179,10 @@ static void test_legacy_during_capture(cubuf_resource_t *res, CUdeviceptr scratc
 
 int main(void)
 {
-    t_require_gpu();
     cubuf_context_t *ctx = NULL;
     CUcontext cu = NULL;
-    T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_REQUIRE(cubuf_context_handle(ctx, &cu));
-    T_CU(cuCtxSetCurrent, cu);
+    cubuf_resource_t *res = vmm_test_start(&ctx, &cu, &g_gran);
     cubuf_set_warning_handler(on_warning, NULL);
-    cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &res);
-    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
-        printf("SKIP: %s\n", cubuf_last_error());
-        return T_SKIP;
-    }
-    T_REQUIRE(st);
-    T_REQUIRE(cubuf_vmm_granularity(res, &g_gran));
     CUdeviceptr scratch = 0;
     T_CU(cuMemAlloc, &scratch, 4096);
 

@@ -296,20 +296,11 @@ static void fault_close(close_kind_t kind)
 
 int main(void)
 {
-    t_require_gpu();
     cubuf_context_t *ctx = NULL;
     CUcontext cu = NULL;
-    T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_REQUIRE(cubuf_context_handle(ctx, &cu));
-    T_CU(cuCtxSetCurrent, cu);
+    g_res = vmm_test_start(&ctx, &cu, NULL);
     g_host = malloc(3 * SIZE);
     if (!g_host) return 1;
-    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &g_res);
-    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
-        printf("SKIP: %s\n", cubuf_last_error());
-        return T_SKIP;
-    }
-    T_REQUIRE(st);
     cubuf_set_warning_handler(on_warning, NULL);
     warm_up(g_res, false);
     snap_t s0 = snap();

@@ -132,22 +132,11 @@ static void test_steps(cubuf_resource_t *res, size_t nsteps)
 
 int main(void)
 {
-    t_require_gpu();
     cubuf_context_t *ctx = NULL;
     CUcontext cu = NULL;
-    T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_REQUIRE(cubuf_context_handle(ctx, &cu));
-    T_CU(cuCtxSetCurrent, cu);
+    cubuf_resource_t *res = vmm_test_start(&ctx, &cu, &g_gran);
     g_host = malloc(SCRATCH);
     if (!g_host) return 1;
-    cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &res);
-    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
-        printf("SKIP: %s\n", cubuf_last_error());
-        return T_SKIP;
-    }
-    T_REQUIRE(st);
-    T_REQUIRE(cubuf_vmm_granularity(res, &g_gran));
     warm_up(res, false);
     cubuf_vmm_live_t live0;
     cubuf__vmm_live(&live0);

@@ -190,18 +190,8 @@ static void test_concurrent_grows(void)
 
 int main(void)
 {
-    t_require_gpu();
     cubuf_context_t *ctx = NULL;
-    T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
-    T_CU(cuCtxSetCurrent, g_ctx);
-    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &g_res);
-    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
-        printf("SKIP: %s\n", cubuf_last_error());
-        return T_SKIP;
-    }
-    T_REQUIRE(st);
-    T_REQUIRE(cubuf_vmm_granularity(g_res, &g_gran));
+    g_res = vmm_test_start(&ctx, &g_ctx, &g_gran);
     warm_up(g_res, false);
     size_t free0 = t_free_device_memory();
 

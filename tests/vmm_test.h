@@ -4,6 +4,27 @@
 
 #include "test.h"
 
+/* The start of every VMM test: device 0's primary context made current
+ * (*ctx, *cu), a VMM resource with default options (the program exits 77
+ * where the device has none) and, unless gran is NULL, its granularity. */
+__attribute__((unused)) static cubuf_resource_t *vmm_test_start(cubuf_context_t **ctx, CUcontext *cu,
+                                                                size_t *gran)
+{
+    t_require_gpu();
+    T_REQUIRE(cubuf_context_create(0, ctx));
+    T_REQUIRE(cubuf_context_handle(*ctx, cu));
+    T_CU(cuCtxSetCurrent, *cu);
+    cubuf_resource_t *res = NULL;
+    cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &res);
+    if (st == CUBUF_ERROR_NOT_SUPPORTED) {
+        printf("SKIP: %s\n", cubuf_last_error());
+        exit(T_SKIP);
+    }
+    T_REQUIRE(st);
+    if (gran) T_REQUIRE(cubuf_vmm_granularity(res, gran));
+    return res;
+}
+
 /* Host scratch for byte patterns; a test mallocs SCRATCH bytes into it. */
 static unsigned char *g_host;
 #define SCRATCH ((size_t)64 << 20)
