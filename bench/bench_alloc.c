@@ -112,6 +112,31 @@ static void raw_pool_with_lock(void *p)
     cubuf__resource_drop(a->res, a->size);
 }
 
+/* cubuf's pieces in one straight line, the way the pool resource's path
+ * strings them together: a buffer object, the query, the allocation, the
+ * hold; the free, the drop, the object back. The distance between this row
+ * and the device_pool row is the cost of the library's call structure. */
+static void lean_pool_path(void *p)
+{
+    alloc_arg_t *a = p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf__buffer_new(&b));
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    b->ptr = d;
+    b->size = a->size;
+    b->dealloc.stream = a->stream;
+    cubuf__buffer_take_props(b, a->res);
+    b->resource = a->res;
+    cubuf__resource_hold(a->res, a->size);
+    B_CU(cuMemFreeAsync, b->ptr, b->dealloc.stream);
+    cubuf__resource_drop(a->res, a->size);
+    b->closed = true;
+    cubuf__buffer_discard(b);
+}
+
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -306,7 +331,12 @@ static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPoo
     }
     cubuf_resource_release(user);
 
-    if (r_pool) { /* the device pool row once more, now that everything is warm */
+    if (r_pool) { /* the least the pool path could be, and the row once more, now warm */
+        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = cubuf's "
+                   "pieces in one straight line (object, query, allocation, hold; free, drop)");
+        alloc_arg_t lean = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
+        floor_row(env, "lean_straight_line", 64 * BENCH_KIB, env->stream, raw_pool, lean_pool_path,
+                  &lean);
         bench_note("device_pool_again: the device_pool row at 64 KiB, measured again last");
         alloc_arg_t arg = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
         floor_row(env, "device_pool_again", 64 * BENCH_KIB, env->stream, raw_pool, lib_resource,

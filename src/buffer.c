@@ -199,8 +199,10 @@ static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
     if (buf->owner_release) buf->owner_release(buf->owner);
     buf->owner_release = NULL;
     buf->owner = NULL;
-    cubuf_buffer_release(buf->parent);
-    buf->parent = NULL;
+    if (buf->parent) {
+        cubuf_buffer_release(buf->parent);
+        buf->parent = NULL;
+    }
     buf->resource = NULL;
     /* Statistics count buffers of size > 0 (see cubuf__resource_allocate). */
     cubuf__resource_drop(res, res && !res->vt->manages_stats ? buf->size : 0);
@@ -238,7 +240,7 @@ void cubuf_buffer_release(cubuf_buffer_t *buf)
         atomic_store_explicit(&buf->refs, 0, memory_order_relaxed);
     else if (atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1)
         return;
-    cubuf_status_t st = close_buffer(buf);
+    cubuf_status_t st = buf->closed ? CUBUF_SUCCESS : close_buffer(buf);
     if (st != CUBUF_SUCCESS) {
         cubuf__warn(st, "the last release of a buffer could not close it; its memory is lost: %s",
                     cubuf_last_error());

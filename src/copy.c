@@ -159,10 +159,11 @@ static cubuf_status_t copy_with_options(CUdeviceptr dst, CUdeviceptr src, size_t
  * (CUDA_ERROR_INVALID_VALUE), which is what context pools hold. */
 static bool between_devices(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
 {
-    unsigned host = CUBUF__HOST_ACCESSIBLE | CUBUF__MANAGED;
+    const unsigned host = CUBUF__HOST_ACCESSIBLE | CUBUF__MANAGED;
+    const unsigned dev = CUBUF__DEVICE_ACCESSIBLE;
     return dst->device_id >= 0 && src->device_id >= 0 && dst->device_id != src->device_id &&
-           !(dst->flags & host) && !(src->flags & host) && cubuf__buffer_exec_ctx(dst) &&
-           cubuf__buffer_exec_ctx(src);
+           (dst->flags & (host | dev)) == dev && (src->flags & (host | dev)) == dev &&
+           cubuf__buffer_exec_ctx(dst) && cubuf__buffer_exec_ctx(src);
 }
 
 cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,

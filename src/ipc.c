@@ -736,12 +736,21 @@ out:
     return st;
 }
 
-static const cubuf_resource_vtbl_t imported_pool_vtbl = {imported_allocate, imported_pool_deallocate,
-                                                         imported_destroy, false};
-static const cubuf_resource_vtbl_t imported_vmm_vtbl = {imported_allocate, imported_vmm_deallocate,
-                                                        imported_destroy, false};
-static const cubuf_resource_vtbl_t imported_legacy_vtbl = {imported_allocate, imported_legacy_deallocate,
-                                                           imported_destroy, false};
+static const cubuf_resource_vtbl_t imported_pool_vtbl = {
+    .allocate = imported_allocate,
+    .deallocate = imported_pool_deallocate,
+    .destroy = imported_destroy,
+};
+static const cubuf_resource_vtbl_t imported_vmm_vtbl = {
+    .allocate = imported_allocate,
+    .deallocate = imported_vmm_deallocate,
+    .destroy = imported_destroy,
+};
+static const cubuf_resource_vtbl_t imported_legacy_vtbl = {
+    .allocate = imported_allocate,
+    .deallocate = imported_legacy_deallocate,
+    .destroy = imported_destroy,
+};
 
 /* ---- import ---- */
 

@@ -171,7 +171,11 @@ static void user_destroy(cubuf_resource_t *res)
     if (res->user_ops.destroy) res->user_ops.destroy(res->user_state);
 }
 
-static const cubuf_resource_vtbl_t user_vtbl = {user_allocate, user_deallocate, user_destroy, false};
+static const cubuf_resource_vtbl_t user_vtbl = {
+    .allocate = user_allocate,
+    .deallocate = user_deallocate,
+    .destroy = user_destroy,
+};
 
 cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
                                      const cubuf_resource_props_t *props, void *state,

@@ -108,7 +108,10 @@ fail:
     return st;
 }
 
-static const cubuf_resource_vtbl_t managed_vtbl = {managed_allocate, sync_free, NULL, false};
+static const cubuf_resource_vtbl_t managed_vtbl = {
+    .allocate = managed_allocate,
+    .deallocate = sync_free,
+};
 
 cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location,
                                              cubuf_resource_t **out)
@@ -191,7 +194,7 @@ static cubuf_status_t sync_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, 
     return st;
 }
 
-static const cubuf_resource_vtbl_t sync_vtbl = {sync_allocate, sync_free, NULL, false};
+static const cubuf_resource_vtbl_t sync_vtbl = {.allocate = sync_allocate, .deallocate = sync_free};
 
 /* Legacy pinned memory is host memory of no device; the other is device memory. */
 static cubuf_status_t sync_create(int ordinal, cubuf_resource_kind_t kind, cubuf_resource_t **out)

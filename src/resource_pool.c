@@ -129,9 +129,15 @@ static void owned_pool_destroy(cubuf_resource_t *res)
         cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy failed (CUresult %d): the pool leaks", (int)r);
 }
 
-static const cubuf_resource_vtbl_t default_pool_vtbl = {pool_allocate, pool_deallocate, NULL, false};
-static const cubuf_resource_vtbl_t owned_pool_vtbl = {pool_allocate, pool_deallocate,
-                                                      owned_pool_destroy, false};
+static const cubuf_resource_vtbl_t default_pool_vtbl = {
+    .allocate = pool_allocate,
+    .deallocate = pool_deallocate,
+};
+static const cubuf_resource_vtbl_t owned_pool_vtbl = {
+    .allocate = pool_allocate,
+    .deallocate = pool_deallocate,
+    .destroy = owned_pool_destroy,
+};
 
 /* ---- graph resource --------------------------------------------------------- */
 
@@ -187,7 +193,10 @@ static cubuf_status_t graph_deallocate(cubuf_resource_t *res, cubuf_buffer_t *bu
     return st;
 }
 
-static const cubuf_resource_vtbl_t graph_vtbl = {graph_allocate, graph_deallocate, NULL, false};
+static const cubuf_resource_vtbl_t graph_vtbl = {
+    .allocate = graph_allocate,
+    .deallocate = graph_deallocate,
+};
 
 /* ---- creation ---------------------------------------------------------------- */
 

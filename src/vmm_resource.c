@@ -328,8 +328,12 @@ cubuf_status_t cubuf__vmm_grow_options(const vmm_res_t *vr, const cubuf_vmm_opti
 static void vmm_destroy(cubuf_resource_t *res) { free(res->impl); }
 
 /* allocate is in vmm_range.c, deallocate in vmm_close.c. */
-static const cubuf_resource_vtbl_t vmm_vtbl = {cubuf__vmm_allocate, cubuf__vmm_deallocate,
-                                               vmm_destroy, true};
+static const cubuf_resource_vtbl_t vmm_vtbl = {
+    .allocate = cubuf__vmm_allocate,
+    .deallocate = cubuf__vmm_deallocate,
+    .destroy = vmm_destroy,
+    .manages_stats = true,
+};
 
 const vmm_res_t *cubuf__vmm_of(const cubuf_resource_t *res)
 {

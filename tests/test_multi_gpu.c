@@ -1,5 +1,8 @@
 /* Two GPUs: pool peer access, VMM peers, and copies between devices.
  * Exits 77 with fewer than two devices. */
+#include <string.h>
+
+#include "fault.h"
 #include "internal.h"
 #include "test.h"
 
@@ -105,6 +108,45 @@ int main(void)
     T_OK(cubuf_context_synchronize(c0));
     T_CU(cuCtxSetCurrent, c0->handle);
     T_CHECK(count_not(cubuf_buffer_ptr(x), N, 0x42) == 0);
+
+    /* 4. The peer copy captured into a graph (on device 0's stream): nothing
+     * moves until the graph runs, then device 1's bytes arrive. */
+    T_CU(cuCtxSetCurrent, c0->handle);
+    T_OK(cubuf_buffer_fill_byte(y, 0x43, CU_STREAM_PER_THREAD));
+    T_OK(cubuf_context_synchronize(c1));
+    CUstream cs = NULL;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_OK(cubuf_buffer_copy_from(x, y, cs, NULL));
+    CUgraph graph = NULL;
+    T_CU(cuStreamEndCapture, cs, &graph);
+    T_CHECK(count_not(cubuf_buffer_ptr(x), N, 0x42) == 0); /* captured, not run */
+    if (graph) {
+        CUgraphExec exec = NULL;
+        T_CU(cuGraphInstantiateWithFlags, &exec, graph, 0);
+        if (exec) {
+            T_CU(cuGraphLaunch, exec, cs);
+            T_CU(cuStreamSynchronize, cs);
+            T_CU(cuGraphExecDestroy, exec);
+        }
+        T_CU(cuGraphDestroy, graph);
+    }
+    T_CHECK(count_not(cubuf_buffer_ptr(x), N, 0x43) == 0);
+    T_CU(cuStreamDestroy, cs);
+
+    /* 5. A failing peer copy: the error names the call and both devices,
+     * the destination keeps its bytes, nothing leaks. */
+    T_OK(cubuf_buffer_fill_byte(y, 0x44, CU_STREAM_PER_THREAD));
+    T_OK(cubuf_context_synchronize(c1));
+    T_CHECK(cubuf_fault_fail_nth("cuMemcpyPeerAsync", 1, CUDA_ERROR_INVALID_VALUE));
+    T_STATUS(cubuf_buffer_copy_from(x, y, CU_STREAM_PER_THREAD, NULL), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_fault_fired() && cubuf_last_cuda_result() == CUDA_ERROR_INVALID_VALUE);
+    cubuf_fault_reset();
+    T_CHECK(strstr(cubuf_last_error(), "cuMemcpyPeerAsync") != NULL);
+    T_CHECK(strstr(cubuf_last_error(), "from device 1 to device 0") != NULL);
+    T_OK(cubuf_context_synchronize(c0));
+    T_CHECK(count_not(cubuf_buffer_ptr(x), N, 0x43) == 0);
+
     cubuf_buffer_release(x);
     cubuf_buffer_release(y);
     size_t b0 = 1, b1 = 1;
