@@ -7,7 +7,7 @@
  * sides. After each row the resource's statistics must be back at zero
  * (a leak is reported as an error). */
 #include "bench_common.h"
-#include "internal.h"
+#include "resource_pool.h"
 
 typedef struct alloc_arg {
     size_t size;
@@ -293,7 +293,7 @@ static void floor_row(bench_env_t *env, const char *name, size_t size, CUstream 
 }
 
 static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPool pool,
-                         const size_t *sizes, size_t nsizes)
+                         CUmemoryPool ctx_pool, const size_t *sizes, size_t nsizes)
 {
     bench_section("the capture query a pool resource must make, and cubuf's pieces in place "
                   "(informational)");
@@ -346,7 +346,7 @@ static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPoo
     bench_note("raw = the same on the legacy stream; \"cubuf\" column = the same plus "
                "cuStreamIsCapturing and two cuCtxGetCurrent (new_buffer's floor)");
     for (size_t k = 0; k < nsizes; k++) {
-        alloc_arg_t arg = {sizes[k], CU_STREAM_LEGACY, NULL, env->ctx, pool};
+        alloc_arg_t arg = {sizes[k], CU_STREAM_LEGACY, NULL, env->ctx, ctx_pool};
         floor_row(env, "legacy+context_queries", sizes[k], CU_STREAM_LEGACY, raw_pool,
                   raw_pool_with_context_queries, &arg);
     }
@@ -453,6 +453,12 @@ int main(void)
     B_CU(cuDeviceGetDefaultMemPool, &default_pool, env.dev);
     raise_release_threshold(default_pool);
     CUmemoryPool host_pool = r_pinned ? make_host_pool(&env) : NULL;
+    /* new_buffer allocates from the context's own pool: the raw side uses it too. */
+    cubuf_buffer_t *probe = NULL;
+    B_OK(cubuf_context_new_buffer(env.ctx, 0, &probe));
+    CUmemoryPool ctx_pool = cubuf__pool_handle(cubuf_buffer_resource(probe));
+    cubuf_buffer_release(probe);
+    if (!ctx_pool) bench_die_st("the context's pool", CUBUF_ERROR_DRIVER, __FILE__, __LINE__);
 
     const alloc_row_t rows[] = {
         {"device_pool", raw_pool, lib_resource, r_pool, default_pool, env.stream},
@@ -460,8 +466,8 @@ int main(void)
         {"legacy_pinned", raw_host_alloc, lib_resource, r_legacy, NULL, env.stream},
         {"pinned_pool", raw_pool, lib_resource, r_pinned, host_pool, env.stream},
         {"managed", raw_managed, lib_resource, r_managed, NULL, env.stream},
-        /* new_buffer: the default pool on the context's legacy default stream. */
-        {"context_new_buffer", raw_pool, lib_new_buffer, NULL, default_pool, CU_STREAM_LEGACY},
+        /* new_buffer: the context's pool on its legacy default stream. */
+        {"context_new_buffer", raw_pool, lib_new_buffer, NULL, ctx_pool, CU_STREAM_LEGACY},
     };
     static const char *const raw_names[] = {
         "cuMemAllocFromPoolAsync + cuMemFreeAsync (default pool)",
@@ -469,7 +475,7 @@ int main(void)
         "cuMemHostAlloc(PORTABLE) + cuMemFreeHost",
         "cuMemAllocFromPoolAsync + cuMemFreeAsync (host pool, access granted)",
         "cuMemAllocManaged(GLOBAL) + cuMemFree",
-        "cuMemAllocFromPoolAsync + cuMemFreeAsync (default pool, legacy stream)",
+        "cuMemAllocFromPoolAsync + cuMemFreeAsync (the context's pool, legacy stream)",
     };
     const size_t sizes[] = {4 * BENCH_KIB, 64 * BENCH_KIB, BENCH_MIB};
 
@@ -510,7 +516,7 @@ int main(void)
         }
     }
 
-    bench_floors(&env, r_pool, default_pool, sizes, sizeof sizes / sizeof sizes[0]);
+    bench_floors(&env, r_pool, default_pool, ctx_pool, sizes, sizeof sizes / sizeof sizes[0]);
 
     B_CU(cuCtxSynchronize);
     if (host_pool) B_CU(cuMemPoolDestroy, host_pool);

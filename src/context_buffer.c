@@ -10,9 +10,21 @@
 typedef cubuf_status_t (*make_pool_fn)(cubuf_context_t *ctx, cubuf_resource_t **out);
 
 /* The pools live in the context itself (a wrapped context included) and
- * hold it: buffers from them keep it alive. */
+ * hold it: buffers from them keep it alive.
+ *
+ * The device pool is the context's own, exportable as POSIX fds, so that
+ * its buffers can be shared with other processes as pyarrow's context
+ * memory can (cubuf_buffer_ipc_descriptor); it keeps freed memory for
+ * reuse, as the default pool does with its threshold raised. Where pools
+ * cannot be exported (CUBUF_ERROR_NOT_SUPPORTED), the device's default pool
+ * serves instead and the buffers stay in this process. */
 static cubuf_status_t make_device_pool(cubuf_context_t *ctx, cubuf_resource_t **out)
 {
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.ipc_enabled = true;
+    cubuf_status_t st = cubuf__device_pool_make(cubuf__context_retain(ctx), &o, out);
+    if (st != CUBUF_ERROR_NOT_SUPPORTED) return st;
     const cubuf_device_resource_options_t defaults = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
     return cubuf__device_pool_make(cubuf__context_retain(ctx), &defaults, out);
 }

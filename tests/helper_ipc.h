@@ -35,6 +35,7 @@ typedef enum peer_mech {
     PEER_POOL_PINNED = 2, /* pinned host pool, IPC-enabled */
     PEER_VMM = 3,         /* VMM resource with POSIX fd handles */
     PEER_LEGACY = 4,      /* sync device resource (cuMemAlloc), legacy handles */
+    PEER_CONTEXT = 5,     /* the context's device pool (cubuf_context_new_buffer) */
 } peer_mech_t;
 
 static inline const char *peer_mech_name(peer_mech_t m)
@@ -44,6 +45,7 @@ static inline const char *peer_mech_name(peer_mech_t m)
     case PEER_POOL_PINNED: return "pinned pool";
     case PEER_VMM: return "vmm";
     case PEER_LEGACY: return "legacy";
+    case PEER_CONTEXT: return "context";
     }
     return "?";
 }
@@ -340,12 +342,16 @@ static inline cubuf_status_t peer_failed(peer_t *p, cubuf_status_t st, const cha
     return st;
 }
 
+/* This process's context (peer_init), whose pool PEER_CONTEXT shares. */
+static cubuf_context_t *g_peer_ctx;
+
 static inline cubuf_status_t peer_init(peer_t *p, int sock)
 {
     memset(p, 0, sizeof *p);
     p->sock = sock;
     cubuf_status_t st = cubuf_context_create(0, &p->ctx);
     if (st != CUBUF_SUCCESS) return peer_failed(p, st, "cubuf_context_create");
+    g_peer_ctx = p->ctx;
     CUcontext h = NULL;
     cubuf_context_handle(p->ctx, &h);
     if (cubuf__drv.cuCtxSetCurrent(h) != CUDA_SUCCESS) return CUBUF_ERROR_DRIVER;
@@ -369,6 +375,22 @@ static inline cubuf_status_t peer_resource(peer_mech_t m, cubuf_resource_t **res
         return cubuf_vmm_resource_create(0, &o, res);
     }
     case PEER_LEGACY: return cubuf_sync_device_resource_create(0, res);
+    case PEER_CONTEXT: {
+        /* The pool cubuf_context_new_buffer allocates from; not shareable
+         * where the context had to fall back to the default pool. */
+        cubuf_buffer_t *b = NULL;
+        cubuf_status_t st = cubuf_context_new_buffer(g_peer_ctx, 0, &b);
+        if (st != CUBUF_SUCCESS) return st;
+        *res = cubuf_resource_retain(cubuf_buffer_resource(b));
+        cubuf_buffer_release(b);
+        cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+        if ((st = cubuf_resource_props(*res, &props)) != CUBUF_SUCCESS || !props.ipc_enabled) {
+            cubuf_resource_release(*res);
+            *res = NULL;
+            return st != CUBUF_SUCCESS ? st : CUBUF_ERROR_NOT_SUPPORTED;
+        }
+        return CUBUF_SUCCESS;
+    }
     }
     return CUBUF_ERROR_INVALID_ARGUMENT;
 }

@@ -1112,6 +1112,7 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
         break;
     }
     case PEER_POOL_DEVICE:
+    case PEER_CONTEXT:
     case PEER_POOL_PINNED:
         bad = suite_altered(d, NULL, 0, nul, &st);
         T_OK(st);

@@ -89,6 +89,37 @@ static void test_new_buffer(cubuf_context_t *c)
     T_CHECK(b == NULL && allocated(c) == 0);
 }
 
+/* Context memory can be shared with other processes (pyarrow's
+ * export_for_ipc) wherever the device exports pools as POSIX fds; an
+ * exported buffer counts until it is closed. The import in another process
+ * is test_ipc_pool's context run. */
+static void test_exported(cubuf_context_t *c)
+{
+    CUdevice dev;
+    int types = 0;
+    T_CU(cuDeviceGet, &dev, 0);
+    T_CU(cuDeviceGetAttribute, &types, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, dev);
+    const size_t n = 3 * 4096 + 5, base = allocated(c);
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(c, n, &b));
+    cubuf_ipc_descriptor_t *d = NULL;
+    cubuf_status_t st = cubuf_buffer_ipc_descriptor(b, &d);
+    if (!(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        T_STATUS(st, CUBUF_ERROR_NOT_SUPPORTED); /* the default pool served */
+    } else {
+        T_OK(st);
+        cubuf_ipc_descriptor_info_t info = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+        T_OK(cubuf_ipc_descriptor_info(d, &info));
+        T_CHECK(info.size == n && info.mechanism == CUBUF_IPC_MECHANISM_POOL);
+        T_CHECK(allocated(c) == base + n);
+        cubuf_ipc_descriptor_destroy(d);
+        T_CHECK(allocated(c) == base + n);
+    }
+    T_OK(cubuf_buffer_close(b));
+    T_CHECK(allocated(c) == base);
+    cubuf_buffer_release(b);
+}
+
 static void test_two_contexts(void)
 {
     cubuf_context_t *a = NULL, *b = NULL;
@@ -471,6 +502,7 @@ int main(void)
     T_CU(cuCtxSetCurrent, ctx);
 
     test_new_buffer(c);
+    test_exported(c);
     test_two_contexts();
     test_host_buffer(c);
     test_from_data(c);

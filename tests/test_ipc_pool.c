@@ -1,4 +1,5 @@
-/* Sharing stream-ordered pool memory (device and pinned pools) with another
+/* Sharing stream-ordered pool memory (device and pinned pools, and a
+ * context's own pool) with another
  * process started with fork+exec: data both ways from 2 MiB to 1 GiB and
  * through a slice at an odd offset, duplicate imports over one pool import,
  * import failures at every driver call, descriptors that lie, either side
@@ -29,6 +30,18 @@ static void run(peer_t *me, helper_t *h, peer_mech_t m)
     T_CHECK(fds_back(what, &warm, h->sock));
 }
 
+/* The context's own pool (cubuf_context_new_buffer's) goes to another
+ * process as a private pool does. Free memory is not compared with a
+ * baseline: the context's pool keeps freed memory for reuse. */
+static void run_context(peer_t *me, helper_t *h)
+{
+    printf("context\n");
+    suite_arguments(me, PEER_CONTEXT);
+    suite_transfer(me, h, PEER_CONTEXT, 2 * PEER_MIB, 0, 0, 0, false);
+    suite_transfer(me, h, PEER_CONTEXT, 64 * PEER_MIB + 4096, 5 * PEER_MIB + 12, 3 * PEER_MIB + 100, 0,
+                   false);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -37,11 +50,13 @@ int main(void)
     track_install();
     suite_require(PEER_POOL_DEVICE);
     suite_require(PEER_POOL_PINNED);
+    suite_require(PEER_CONTEXT);
     static fd_snap_t start;
     fds_take(&start, 0, -1);
     helper_t h = helper_start();
     run(&me, &h, PEER_POOL_DEVICE);
     run(&me, &h, PEER_POOL_PINNED);
+    run_context(&me, &h);
     helper_stop(&h);
     cubuf_context_destroy(me.ctx);
     suite_end_fds("test_ipc_pool", &start);
