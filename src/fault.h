@@ -15,7 +15,7 @@ bool cubuf_fault_fail_nth(const char *name, unsigned nth, CUresult result);
  * every call on its path in turn. */
 void cubuf_fault_fail_any_nth(unsigned nth, CUresult result);
 
-/* Disarms every fault and stops counting. */
+/* Disarms every fault. Call counting goes on until cubuf_fault_count_calls(false). */
 void cubuf_fault_reset(void);
 
 /* True if an armed fault fired since the last arm. */

@@ -204,7 +204,11 @@ static void test_wrap(CUcontext ctx, CUstream s1, CUstream s2)
 
     /* set_deallocation_stream, then the last release closes on it. */
     T_REQUIRE(cubuf_buffer_wrap(dev_alloc(64), 64, res, s1, &b));
+    cubuf_fault_count_calls(true); /* it records, and waits for nothing */
     T_OK(cubuf_buffer_set_deallocation_stream(b, s2));
+    T_CHECK(cubuf_fault_calls("cuStreamSynchronize") == 0 && cubuf_fault_calls("cuCtxSynchronize") == 0 &&
+            cubuf_fault_calls("cuEventSynchronize") == 0 && cubuf_fault_calls("cuStreamQuery") == 0);
+    cubuf_fault_count_calls(false);
     T_CHECK(u.deallocs == 2);
     cubuf_buffer_retain(b);
     cubuf_buffer_release(b);

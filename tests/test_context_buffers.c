@@ -4,8 +4,9 @@
  * made pools under a race, and fault injection on each allocating path. */
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
-#include "internal.h"
+#include "resource_pool.h"
 #include "test.h"
 
 static CUcontext ctx;
@@ -169,13 +170,29 @@ static void test_host_buffer(cubuf_context_t *c)
     CUdeviceptr da = 0;
     T_OK(cubuf_context_device_address(c, p, &da));
     T_CHECK(da != 0);
+    /* The pool behind it granted the device access (copies at pinned speed). */
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    T_CU(cuMemPoolGetAccess, &flags, cubuf__pool_handle(cubuf_buffer_resource(h)), &loc);
+    T_CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     cubuf_buffer_release(h);
     cubuf_buffer_release(d);
     T_CHECK(allocated(c) == 0);
-    cubuf_buffer_t *e = NULL;
-    T_REQUIRE(cubuf_context_new_host_buffer(c, 0, &e));
-    T_CHECK(cubuf_buffer_size(e) == 0 && allocated(c) == 0);
-    cubuf_buffer_release(e);
+    /* Sizes 0, 1 and 1 GiB: counted, written by the device, read by the host. */
+    const size_t sizes[] = {0, 1, (size_t)1 << 30};
+    for (size_t k = 0; k < 3; k++) {
+        cubuf_buffer_t *e = NULL;
+        T_REQUIRE(cubuf_context_new_host_buffer(c, sizes[k], &e));
+        T_CHECK(cubuf_buffer_size(e) == sizes[k] && allocated(c) == sizes[k]);
+        if (sizes[k]) {
+            T_OK(cubuf_buffer_fill_byte(e, 0x5a, CU_STREAM_LEGACY));
+            T_CU(cuCtxSynchronize);
+            const unsigned char *q = (const unsigned char *)(uintptr_t)cubuf_buffer_ptr(e);
+            T_CHECK(q[0] == 0x5a && q[sizes[k] - 1] == 0x5a && q[sizes[k] / 2] == 0x5a);
+        }
+        cubuf_buffer_release(e);
+        T_CHECK(allocated(c) == 0);
+    }
 }
 
 /* buffer_from_data's offset and size rules over one kind of source. */
@@ -453,6 +470,16 @@ static cubuf_status_t make_from_data(cubuf_context_t *c, cubuf_buffer_t **out)
     return cubuf_context_buffer_from_data(c, source, sizeof source, 12, CUBUF_SIZE_REST, out);
 }
 
+/* Pool allocations the driver made minus those it freed while calls were
+ * counted (the failed call, `fired`, made nothing). */
+static long net_allocations(const char *fired)
+{
+    long allocs = (long)cubuf_fault_calls("cuMemAllocFromPoolAsync") -
+                  (strcmp(fired, "cuMemAllocFromPoolAsync") == 0);
+    long frees = (long)cubuf_fault_calls("cuMemFreeAsync") - (strcmp(fired, "cuMemFreeAsync") == 0);
+    return allocs - frees;
+}
+
 static void fault_path(make_fn make, const char *name)
 {
     cubuf_context_t *c = NULL;
@@ -461,10 +488,18 @@ static void fault_path(make_fn make, const char *name)
     bool succeeded = false;
     for (unsigned nth = 1; nth < 300 && !succeeded; nth++) {
         cubuf_buffer_t *b = NULL;
+        cubuf_fault_count_calls(true);
         cubuf_fault_fail_any_nth(nth, CUDA_ERROR_OUT_OF_MEMORY);
         cubuf_status_t st = make(c, &b);
         bool fired = cubuf_fault_fired();
+        long net = net_allocations(fired ? cubuf_fault_fired_name() : "");
         cubuf_fault_reset();
+        /* The driver's own count: what a failure allocated, it freed. */
+        if (net != (st == CUBUF_SUCCESS ? 1 : 0)) {
+            fprintf(stderr, "%s: failing %s (n=%u) left %ld pool allocations in the driver\n", name,
+                    fired ? cubuf_fault_fired_name() : "nothing", nth, net - (st == CUBUF_SUCCESS));
+            t_failures++;
+        }
         if (!fired) {
             T_CHECK(st == CUBUF_SUCCESS && b != NULL);
             if (make == make_from_data) T_CHECK(holds(b, 9, 12));
@@ -488,6 +523,7 @@ static void fault_path(make_fn make, const char *name)
         T_CU(cuCtxGetCurrent, &cur);
         T_CHECK(cur == ctx);
     }
+    cubuf_fault_count_calls(false);
     T_CHECK(succeeded && failures >= 2);
     T_CHECK(allocated(c) == 0);
     cubuf_context_destroy(c);

@@ -278,6 +278,62 @@ static cubuf_copy_options_t opts(cubuf_src_access_order_t order)
     return o;
 }
 
+/* A spy in the driver table: records the attributes of the last batch and
+ * forwards it, to show what each option becomes. */
+static __typeof__(cubuf__drv.cuMemcpyBatchAsync) g_real_batch;
+static CUmemcpyAttributes g_seen;
+static size_t g_seen_count;
+
+static CUresult CUDAAPI spy_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                  CUmemcpyAttributes *attrs, size_t *idxs, size_t nattrs, CUstream stream)
+{
+    g_seen = attrs[0];
+    g_seen_count = nattrs;
+    return g_real_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, stream);
+}
+
+static void test_option_attributes(void)
+{
+    static const struct {
+        cubuf_src_access_order_t order;
+        CUmemcpySrcAccessOrder want;
+    } orders[] = {{CUBUF_SRC_ACCESS_STREAM, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM},
+                  {CUBUF_SRC_ACCESS_DURING_API_CALL, CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL},
+                  {CUBUF_SRC_ACCESS_ANY, CU_MEMCPY_SRC_ACCESS_ORDER_ANY}};
+    cubuf_buffer_t *a = device_with_pattern(4096, 0), *b = device_with_pattern(4096, 7);
+    g_real_batch = cubuf__drv.cuMemcpyBatchAsync;
+    cubuf__drv.cuMemcpyBatchAsync = spy_batch;
+    for (size_t k = 0; k < 3; k++) {
+        cubuf_copy_options_t o = opts(orders[k].order);
+        memset(&g_seen, 0xff, sizeof g_seen);
+        T_OK(cubuf_buffer_copy_from(a, b, s, &o));
+        T_CHECK(g_seen_count == 1 && g_seen.srcAccessOrder == orders[k].want);
+        T_CHECK(g_seen.srcLocHint.type == CU_MEM_LOCATION_TYPE_INVALID &&
+                g_seen.dstLocHint.type == CU_MEM_LOCATION_TYPE_INVALID);
+        T_CHECK(g_seen.flags == CU_MEMCPY_FLAG_DEFAULT);
+    }
+    cubuf_copy_options_t o = opts(CUBUF_SRC_ACCESS_STREAM);
+    o.src_location = CUBUF_LOCATION_HOST_NUMA;
+    o.src_location_id = 0;
+    o.dst_location = CUBUF_LOCATION_DEVICE;
+    o.dst_location_id = 0;
+    o.prefer_overlap_with_compute = true;
+    T_OK(cubuf_buffer_copy_from(a, b, s, &o));
+    T_CHECK(g_seen.srcLocHint.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && g_seen.srcLocHint.id == 0);
+    T_CHECK(g_seen.dstLocHint.type == CU_MEM_LOCATION_TYPE_DEVICE && g_seen.dstLocHint.id == 0);
+    T_CHECK(g_seen.flags == CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE);
+    o.src_location = CUBUF_LOCATION_HOST;
+    o.dst_location = CUBUF_LOCATION_NONE;
+    o.prefer_overlap_with_compute = false;
+    T_OK(cubuf_buffer_copy_from(a, b, s, &o));
+    T_CHECK(g_seen.srcLocHint.type == CU_MEM_LOCATION_TYPE_HOST &&
+            g_seen.dstLocHint.type == CU_MEM_LOCATION_TYPE_INVALID);
+    cubuf__drv.cuMemcpyBatchAsync = g_real_batch;
+    T_CHECK(device_has_pattern(a, 7)); /* the spied copies were real */
+    cubuf_buffer_release(a);
+    cubuf_buffer_release(b);
+}
+
 static void test_options(void)
 {
     if (!cubuf__drv.cuMemcpyBatchAsync) {
@@ -632,6 +688,7 @@ int main(void)
     test_one_gib();
     test_errors();
     test_options();
+    test_option_attributes();
     test_copy_to_allocates();
     test_batch();
     test_faults();

@@ -145,6 +145,14 @@ int main(void)
     T_OK(cubuf_buffer_close(closed));
     T_STATUS(cubuf_buffer_fill(closed, p4, 4, s), CUBUF_ERROR_CLOSED);
     T_STATUS(cubuf_buffer_fill_byte(closed, 1, s), CUBUF_ERROR_CLOSED);
+    T_STATUS(cubuf_buffer_fill_byte(closed, 256, s), CUBUF_ERROR_OUT_OF_RANGE); /* the value first */
+    /* One byte: a byte fill writes it, a 2-byte pattern does not fit. */
+    cubuf_buffer_t *one = new_buffer(1);
+    T_OK(cubuf_buffer_fill_byte(one, 0xa5, s));
+    T_CHECK(all_bytes(one, 0xa5));
+    T_STATUS(cubuf_buffer_fill(one, p2, 2, s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(all_bytes(one, 0xa5));
+    cubuf_buffer_release(one);
     cubuf_buffer_t *empty = new_buffer(0);
     cubuf_fault_count_calls(true);
     T_OK(cubuf_buffer_fill_byte(empty, 1, s));
