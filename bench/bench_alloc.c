@@ -137,6 +137,40 @@ static void lean_pool_path(void *p)
     cubuf__buffer_discard(b);
 }
 
+/* Halfway: the library's allocate with the straight-line free, and the
+ * straight-line allocation with the library's close and release. Where the
+ * library's distance from the straight line sits (informational). */
+static void lib_alloc_lean_free(void *p)
+{
+    alloc_arg_t *a = p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf_resource_allocate(a->res, a->size, a->stream, &b));
+    B_CU(cuMemFreeAsync, b->ptr, b->dealloc.stream);
+    cubuf__resource_drop(a->res, a->size);
+    b->closed = true;
+    b->resource = NULL;
+    cubuf__buffer_discard(b);
+}
+
+static void lean_alloc_lib_free(void *p)
+{
+    alloc_arg_t *a = p;
+    cubuf_buffer_t *b = NULL;
+    B_OK(cubuf__buffer_new(&b));
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    B_CU(cuStreamIsCapturing, a->stream, &cs);
+    CUdeviceptr d = 0;
+    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
+    b->ptr = d;
+    b->size = a->size;
+    b->dealloc.stream = a->stream;
+    cubuf__buffer_take_props(b, a->res);
+    b->resource = a->res;
+    cubuf__resource_hold(a->res, a->size);
+    B_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+}
+
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -337,6 +371,13 @@ static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPoo
         alloc_arg_t lean = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
         floor_row(env, "lean_straight_line", 64 * BENCH_KIB, env->stream, raw_pool, lean_pool_path,
                   &lean);
+        bench_note("\"cubuf\" column = cubuf_resource_allocate, then the straight-line free");
+        floor_row(env, "lib_alloc+lean_free", 64 * BENCH_KIB, env->stream, raw_pool,
+                  lib_alloc_lean_free, &lean);
+        bench_note("\"cubuf\" column = the straight-line allocation, then cubuf_buffer_close + "
+                   "cubuf_buffer_release");
+        floor_row(env, "lean_alloc+lib_free", 64 * BENCH_KIB, env->stream, raw_pool,
+                  lean_alloc_lib_free, &lean);
         bench_note("device_pool_again: the device_pool row at 64 KiB, measured again last");
         alloc_arg_t arg = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
         floor_row(env, "device_pool_again", 64 * BENCH_KIB, env->stream, raw_pool, lib_resource,

@@ -139,6 +139,12 @@ typedef struct cubuf_resource_vtbl {
     void (*destroy)(cubuf_resource_t *res);
     /* true: the resource keeps its own statistics (VMM aliases share memory) */
     bool manages_stats;
+    /* Optional, the allocation hot path in one function: a whole buffer of
+     * size > 0 (object, memory, statistics, the resource held) on a user
+     * stream (bound NULL) or on a default stream whose context `bound` the
+     * caller made current. */
+    cubuf_status_t (*allocate_buffer)(cubuf_resource_t *res, size_t size, CUstream stream,
+                                      CUcontext bound, cubuf_buffer_t **out);
 } cubuf_resource_vtbl_t;
 
 struct cubuf_resource {
