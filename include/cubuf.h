@@ -260,7 +260,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_b
  * how default streams are recorded). The buffer retains the resource.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL arguments, pointer 0 with a
  * size, or a default stream that cannot be bound (it needs a context: the
- * current one or the resource's device's); CUBUF_ERROR_DRIVER.
+ * current one or the resource's device's); CUBUF_ERROR_NO_DRIVER (a default
+ * stream with a device-accessible resource needs the driver);
+ * CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t *resource,
                                            CUstream stream, cubuf_buffer_t **out);
@@ -322,7 +324,8 @@ CUBUF_API cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream str
  * stream if the buffer may be closed from another thread.
  * Returns CUBUF_ERROR_CLOSED for a closed buffer, CUBUF_ERROR_INVALID_ARGUMENT
  * when a default stream cannot be bound (no current context and the memory
- * belongs to no device), CUBUF_ERROR_DRIVER.
+ * belongs to no device), CUBUF_ERROR_NO_DRIVER (a default stream without a
+ * driver), CUBUF_ERROR_DRIVER.
  * Thread-safety: must not race with close of the same buffer.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream);
@@ -677,9 +680,12 @@ CUBUF_API cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res,
 /**
  * Allocates `size` bytes ordered on `stream` and returns a buffer that owns
  * them (deallocation stream: `stream`). Size 0 gives an open buffer of size 0
- * with pointer 0, and no driver call. Returns CUBUF_ERROR_OUT_OF_MEMORY,
- * CUBUF_ERROR_STREAM_CAPTURING (pool resources on a capturing stream),
- * CUBUF_ERROR_DRIVER, or what a user resource returns.
+ * with pointer 0 and allocates nothing (a default stream is still recorded:
+ * for a device-accessible resource that asks the driver which context is
+ * current). Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, or a default stream
+ * with no current context for a resource of no device), CUBUF_ERROR_NO_DRIVER,
+ * CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_STREAM_CAPTURING (pool resources on a
+ * capturing stream), CUBUF_ERROR_DRIVER, or what a user resource returns.
  */
 CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
                                                  cubuf_buffer_t **out);
@@ -699,7 +705,9 @@ CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t s
  * pointer 0. Counted in bytes_allocated until closed; the buffer keeps the
  * context alive. The caller releases the buffer.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL), CUBUF_ERROR_OUT_OF_MEMORY,
- * CUBUF_ERROR_NOT_SUPPORTED (no memory pools), CUBUF_ERROR_DRIVER.
+ * CUBUF_ERROR_NOT_SUPPORTED (no memory pools), CUBUF_ERROR_STREAM_CAPTURING
+ * (a blocking stream of the context is capturing: allocating on the legacy
+ * stream would break that capture), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_new_buffer(cubuf_context_t *ctx, size_t size, cubuf_buffer_t **out);
 

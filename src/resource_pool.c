@@ -1,6 +1,7 @@
 /* Stream-ordered pool resources: the device pool (the device's default pool
  * or a private one), the pinned host pool, and the graph resource, which
  * allocates inside stream capture (graph memory nodes). */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -271,13 +272,18 @@ static cubuf_status_t set_threshold(CUmemoryPool pool, cuuint64_t value)
 }
 
 /* The default pool is shared with every other user of the device: raise its
- * threshold when asked for more, never lower someone else's choice. */
+ * threshold when asked for more, never lower someone else's choice. The
+ * read and the write are one step for cubuf's threads (two creations at
+ * once could otherwise lower the other's value). */
 static cubuf_status_t raise_threshold(CUmemoryPool pool, cuuint64_t want)
 {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
     cuuint64_t cur = 0;
     cubuf_status_t st = CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &cur);
-    if (st != CUBUF_SUCCESS || cur >= want) return st;
-    return set_threshold(pool, want);
+    if (st == CUBUF_SUCCESS && cur < want) st = set_threshold(pool, want);
+    pthread_mutex_unlock(&lock);
+    return st;
 }
 
 static void destroy_pool(CUmemoryPool pool)

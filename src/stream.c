@@ -8,8 +8,11 @@ cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUconte
     t->ctx = NULL;
     if (current) *current = true;
     if (!cubuf__stream_is_default(s)) return CUBUF_SUCCESS;
+    /* A user resource or an empty view may be the first thing to ask. */
+    cubuf_status_t st = cubuf__driver_load();
+    if (st != CUBUF_SUCCESS) return st;
     CUcontext cur = NULL;
-    cubuf_status_t st = CU(cuCtxGetCurrent, &cur);
+    st = CU(cuCtxGetCurrent, &cur);
     if (st != CUBUF_SUCCESS) return st;
     t->ctx = cur ? cur : fallback;
     if (current) *current = cur != NULL;

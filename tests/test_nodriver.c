@@ -1,7 +1,25 @@
 /* Without a driver every call says CUBUF_ERROR_NO_DRIVER, with a detail. Runs everywhere. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "test.h"
+
+static int fake_calls;
+
+static cubuf_status_t fake_allocate(void *state, size_t size, CUstream stream, CUdeviceptr *ptr)
+{
+    (void)size, (void)stream;
+    ++*(int *)state;
+    *ptr = 0x1000;
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t fake_deallocate(void *state, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    (void)ptr, (void)size, (void)stream;
+    ++*(int *)state;
+    return CUBUF_SUCCESS;
+}
 
 int main(void)
 {
@@ -23,6 +41,28 @@ int main(void)
     T_OK(cubuf_buffer_view(0, 0, &buf));
     T_CHECK(buf && cubuf_buffer_size(buf) == 0 && !cubuf_buffer_is_closed(buf));
     cubuf_buffer_release(buf);
+    /* Recording a default stream needs the driver: refused, not a crash. */
+    T_OK(cubuf_buffer_view(0, 0, &buf));
+    T_STATUS(cubuf_buffer_set_deallocation_stream(buf, NULL), CUBUF_ERROR_NO_DRIVER);
+    cubuf_buffer_release(buf);
+    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION,
+                                .allocate = fake_allocate,
+                                .deallocate = fake_deallocate};
+    cubuf_resource_t *res = NULL;
+    T_OK(cubuf_resource_create(&ops, NULL, &fake_calls, &res));
+    buf = NULL;
+    T_STATUS(cubuf_resource_allocate(res, 16, NULL, &buf), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_resource_allocate(res, 16, CU_STREAM_PER_THREAD, &buf), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_buffer_wrap(0x1000, 16, res, CU_STREAM_LEGACY, &buf), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(buf == NULL && fake_calls == 0);
+    /* A user resource on a created stream needs no driver at all. */
+    CUstream mine = (CUstream)(uintptr_t)0x5000;
+    T_OK(cubuf_resource_allocate(res, 16, mine, &buf));
+    T_CHECK(buf && cubuf_buffer_ptr(buf) == 0x1000 && fake_calls == 1);
+    T_OK(cubuf_buffer_close(buf));
+    T_CHECK(fake_calls == 2 && cubuf_buffer_is_closed(buf));
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(res);
     /* The second call reports the same, quickly, from the cached load result. */
     T_STATUS(cubuf_driver_version(&v), CUBUF_ERROR_NO_DRIVER);
     return t_finish("test_nodriver");
