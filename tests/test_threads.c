@@ -1,5 +1,6 @@
 /* Eight threads at once, each allocating from one shared device pool resource
- * and from one shared context (new_buffer), filling, copying, checking the
+ * (directly and through copy_to without a destination) and from one shared
+ * context (new_buffer, new_host_buffer), filling, copying, checking the
  * bytes and closing, a few hundred times. Afterwards every counter is back to
  * zero and the totals add up. */
 #include <pthread.h>
@@ -44,7 +45,7 @@ static void *worker(void *arg)
     for (it = 0; it < ITERS; it++) {
         size_t size = 1 + ((unsigned)tid * 7919u + (unsigned)it * 104729u) % MAX_SIZE;
         int value = (tid * 37 + it) & 0xff;
-        cubuf_buffer_t *a = NULL, *b = NULL;
+        cubuf_buffer_t *a = NULL, *b = NULL, *c = NULL, *h = NULL;
         /* a: from the shared pool on this thread's stream, filled there. */
         W_CHECK(cubuf_resource_allocate(g_pool, size, s, &a) == CUBUF_SUCCESS);
         W_CHECK(cubuf_buffer_fill_byte(a, value, s) == CUBUF_SUCCESS);
@@ -59,12 +60,28 @@ static void *worker(void *arg)
         size_t bad = 0;
         for (size_t i = 0; i < size; i++) bad += host[i] != (unsigned char)value;
         W_CHECK(bad == 0);
+        /* c: a copy of a into a new buffer from a's resource, on s; h: pinned
+         * host memory of the context (allocated on its legacy stream, which
+         * the synchronous copy above has passed), read by the host. */
+        W_CHECK(cubuf_buffer_copy_to(a, &c, s, NULL) == CUBUF_SUCCESS);
+        W_CHECK(cubuf_context_new_host_buffer(g_ctx, size, &h) == CUBUF_SUCCESS);
+        W_CHECK(cubuf__drv.cuStreamSynchronize(CU_STREAM_LEGACY) == CUDA_SUCCESS);
+        W_CHECK(cubuf_buffer_copy_from(h, c, s, NULL) == CUBUF_SUCCESS);
+        W_CHECK(cubuf__drv.cuStreamSynchronize(s) == CUDA_SUCCESS);
+        const unsigned char *hp = (const unsigned char *)(uintptr_t)cubuf_buffer_ptr(h);
+        bad = 0;
+        for (size_t i = 0; i < size; i++) bad += hp[i] != (unsigned char)value;
+        W_CHECK(bad == 0);
+        W_CHECK(cubuf_buffer_close(c) == CUBUF_SUCCESS);
+        W_CHECK(cubuf_buffer_close(h) == CUBUF_SUCCESS);
         W_CHECK(cubuf_buffer_close(a) == CUBUF_SUCCESS);
         W_CHECK(cubuf_buffer_close(b) == CUBUF_SUCCESS);
         W_CHECK(cubuf_buffer_is_closed(a) && cubuf_buffer_is_closed(b));
     next:
         cubuf_buffer_release(a); /* closes what a failed check left open */
         cubuf_buffer_release(b);
+        cubuf_buffer_release(c);
+        cubuf_buffer_release(h);
     }
     cubuf__drv.cuStreamSynchronize(s);
     cubuf__drv.cuStreamDestroy(s);
@@ -90,9 +107,9 @@ int main(void)
     cubuf_resource_stats_t s;
     T_OK(cubuf_resource_stats(g_pool, &s));
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);
-    T_CHECK(s.total_allocations == (uint64_t)THREADS * ITERS);
-    T_CHECK(s.peak_count >= 1 && s.peak_count <= THREADS);
-    T_CHECK(s.peak_bytes > 0 && s.peak_bytes <= (size_t)THREADS * MAX_SIZE);
+    T_CHECK(s.total_allocations == (uint64_t)2 * THREADS * ITERS); /* a and c */
+    T_CHECK(s.peak_count >= 2 && s.peak_count <= 2 * THREADS);
+    T_CHECK(s.peak_bytes > 0 && s.peak_bytes <= (size_t)2 * THREADS * MAX_SIZE);
     size_t bytes = 1;
     T_OK(cubuf_context_bytes_allocated(g_ctx, &bytes));
     T_CHECK(bytes == 0);
@@ -104,6 +121,13 @@ int main(void)
         T_CHECK(s.current_bytes == 0 && s.current_count == 0);
         T_CHECK(s.total_allocations == (uint64_t)THREADS * ITERS);
         T_CHECK(s.peak_count >= 1 && s.peak_count <= THREADS);
+    }
+    cubuf_resource_t *hpool = (cubuf_resource_t *)atomic_load(&g_ctx->host_pool);
+    T_CHECK(hpool != NULL);
+    if (hpool) {
+        T_OK(cubuf_resource_stats(hpool, &s));
+        T_CHECK(s.current_bytes == 0 && s.current_count == 0);
+        T_CHECK(s.total_allocations == (uint64_t)THREADS * ITERS);
     }
     cubuf_resource_release(g_pool);
     cubuf_context_destroy(g_ctx);
