@@ -115,10 +115,10 @@ static void raw_pool_with_lock(void *p)
 /* cubuf's pieces in one straight line, the way the pool resource's path
  * strings them together: a buffer object, the query, the allocation, the
  * hold; the free, the drop, the object back. The distance between this row
- * and the device_pool row is the cost of the library's call structure. */
-static void lean_pool_path(void *p)
+ * and the device_pool row is the cost of the library's call structure.
+ * Always inlined, so each row below is one straight line too. */
+static inline __attribute__((always_inline)) cubuf_buffer_t *lean_allocate(const alloc_arg_t *a)
 {
-    alloc_arg_t *a = p;
     cubuf_buffer_t *b = NULL;
     B_OK(cubuf__buffer_new(&b));
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -131,11 +131,19 @@ static void lean_pool_path(void *p)
     cubuf__buffer_take_props(b, a->res);
     b->resource = a->res;
     cubuf__resource_hold(a->res, a->size);
+    return b;
+}
+
+static inline __attribute__((always_inline)) void lean_free(const alloc_arg_t *a, cubuf_buffer_t *b)
+{
     B_CU(cuMemFreeAsync, b->ptr, b->dealloc.stream);
     cubuf__resource_drop(a->res, a->size);
     b->closed = true;
+    b->resource = NULL;
     cubuf__buffer_discard(b);
 }
+
+static void lean_pool_path(void *p) { lean_free(p, lean_allocate(p)); }
 
 /* Halfway: the library's allocate with the straight-line free, and the
  * straight-line allocation with the library's close and release. Where the
@@ -145,28 +153,12 @@ static void lib_alloc_lean_free(void *p)
     alloc_arg_t *a = p;
     cubuf_buffer_t *b = NULL;
     B_OK(cubuf_resource_allocate(a->res, a->size, a->stream, &b));
-    B_CU(cuMemFreeAsync, b->ptr, b->dealloc.stream);
-    cubuf__resource_drop(a->res, a->size);
-    b->closed = true;
-    b->resource = NULL;
-    cubuf__buffer_discard(b);
+    lean_free(a, b);
 }
 
 static void lean_alloc_lib_free(void *p)
 {
-    alloc_arg_t *a = p;
-    cubuf_buffer_t *b = NULL;
-    B_OK(cubuf__buffer_new(&b));
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    B_CU(cuStreamIsCapturing, a->stream, &cs);
-    CUdeviceptr d = 0;
-    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
-    b->ptr = d;
-    b->size = a->size;
-    b->dealloc.stream = a->stream;
-    cubuf__buffer_take_props(b, a->res);
-    b->resource = a->res;
-    cubuf__resource_hold(a->res, a->size);
+    cubuf_buffer_t *b = lean_allocate(p);
     B_OK(cubuf_buffer_close(b));
     cubuf_buffer_release(b);
 }
