@@ -701,9 +701,10 @@ CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t s
  * (cubuf_buffer_ipc_descriptor, as pyarrow's export_for_ipc), or the
  * device's default pool where pools cannot be exported. Allocated and later
  * freed on the legacy default stream of the context: work the caller orders
- * on another stream must be ordered against that stream. Size 0 gives an open buffer of size 0 with
- * pointer 0. Counted in bytes_allocated until closed; the buffer keeps the
- * context alive. The caller releases the buffer.
+ * on another stream must be ordered against that stream. Size 0 gives an
+ * open buffer of size 0 with pointer 0. Counted in bytes_allocated until
+ * closed; the buffer keeps the context alive. The caller releases the
+ * buffer.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL), CUBUF_ERROR_OUT_OF_MEMORY,
  * CUBUF_ERROR_NOT_SUPPORTED (no memory pools), CUBUF_ERROR_STREAM_CAPTURING
  * (a blocking stream of the context is capturing: allocating on the legacy

@@ -107,10 +107,10 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
 cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
                                         CUcontext current, cubuf_buffer_t **out)
 {
-    if (res->vt->allocate_buffer && size) {
-        if (!cubuf__stream_is_default(stream)) return res->vt->allocate_buffer(res, size, stream, NULL, out);
-        if (current) return res->vt->allocate_buffer(res, size, stream, current, out);
-    }
+    /* The hot path, where the resource has one and no context must be looked up. */
+    if (res->vt->allocate_buffer && size && (current || !cubuf__stream_is_default(stream)))
+        return res->vt->allocate_buffer(res, size, stream,
+                                        cubuf__stream_is_default(stream) ? current : NULL, out);
     cubuf_buffer_t *buf = NULL;
     cubuf_status_t st = cubuf__buffer_new(&buf);
     if (st != CUBUF_SUCCESS) return st;
