@@ -1,5 +1,5 @@
-/* Two GPUs: pool peer access, VMM peers, and copies between devices.
- * Exits 77 with fewer than two devices. */
+/* Two GPUs: pool peer access, VMM peers, and copies between devices (plain,
+ * captured into a graph, and failing). Exits 77 with fewer than two devices. */
 #include <string.h>
 
 #include "fault.h"
