@@ -81,7 +81,8 @@ CUBUF_API const char *cubuf_version_string(void);
     X(ERROR_OUT_OF_MEMORY, 8, "out of memory")                                   \
     X(ERROR_NO_DRIVER, 9, "no usable CUDA driver")                               \
     X(ERROR_NO_DEVICE, 10, "no CUDA device")                                     \
-    X(ERROR_SYSTEM, 11, "operating-system call failed")
+    X(ERROR_SYSTEM, 11, "operating-system call failed")                          \
+    X(ERROR_BUSY, 12, "buffer is in use by open slices")
 
 typedef enum cubuf_status {
 #define CUBUF_STATUS_ENUM_(name, value, text) CUBUF_##name = value,

@@ -145,6 +145,14 @@ typedef struct cubuf_resource_vtbl {
      * caller made current. */
     cubuf_status_t (*allocate_buffer)(cubuf_resource_t *res, size_t size, CUstream stream,
                                       CUcontext bound, cubuf_buffer_t **out);
+    /* Optional: stores a new deallocation token where other threads may read
+     * it (VMM aliases read each other's under the range lock). NULL: a plain
+     * store into buf->dealloc. */
+    void (*set_token)(cubuf_resource_t *res, cubuf_buffer_t *buf, const cubuf_stream_token_t *token);
+    /* Why cubuf_buffer_wrap cannot hand this resource memory it did not
+     * allocate (its deallocate needs state only its own allocations carry);
+     * NULL: it can. */
+    const char *no_adopt;
 } cubuf_resource_vtbl_t;
 
 struct cubuf_resource {
