@@ -30,7 +30,7 @@ static void on_warning(cubuf_status_t st, const char *msg, void *user)
 int main(void)
 {
     size_t n = sizeof all / sizeof all[0];
-    T_CHECK(n == 12);
+    T_CHECK(n == 13);
     for (size_t i = 0; i < n; i++) {
         const char *name = cubuf_status_name(all[i]);
         const char *text = cubuf_status_string(all[i]);
