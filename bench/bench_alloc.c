@@ -446,7 +446,7 @@ static cubuf_resource_t *made(cubuf_status_t st, cubuf_resource_t *res, const ch
 static void check_row(bench_env_t *env, const alloc_row_t *row, size_t size, uint64_t total_before)
 {
     if (row->res) {
-        cubuf_resource_stats_t s;
+        cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
         B_OK(cubuf_resource_stats(row->res, &s));
         if (s.current_bytes || s.current_count)
             bench_error(env, "%s/%zu: %zu bytes in %zu allocations still live after the row",
@@ -523,7 +523,7 @@ int main(void)
             alloc_arg_t arg = {sizes[k], row->stream, row->res, env.ctx, row->pool};
             uint64_t total_before = 0;
             if (row->res) {
-                cubuf_resource_stats_t s;
+                cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
                 B_OK(cubuf_resource_stats(row->res, &s));
                 total_before = s.total_allocations;
             }

@@ -221,7 +221,7 @@ static void chain_close(chain_t *c)
     if (c->side == SIDE_CUBUF) {
         B_OK(cubuf_buffer_close(c->buf));
         cubuf_buffer_release(c->buf);
-        cubuf_resource_stats_t s;
+        cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
         B_OK(cubuf_resource_stats(g_res, &s));
         if (s.current_bytes || s.current_count)
             bench_error(&env, "cubuf chain left %zu bytes in %zu allocations", s.current_bytes,

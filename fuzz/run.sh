@@ -4,10 +4,12 @@
 #
 #   fuzz/run.sh [SECONDS]     (default 60, or $FUZZ_SECONDS)
 #
-# Builds into $FUZZ_OUT (default build-fuzz/ at the repository root): the
-# seed corpus from fuzz/ipc_seeds.h (seeds/), the fuzz target, and the
-# growing corpus (corpus/). Exits non-zero on a crash or a broken property
-# (the input is saved as build-fuzz/crash-*).
+# Builds with CMake (-DCUBUF_BUILD_FUZZ=ON, fuzz/CMakeLists.txt) into the
+# build directory $FUZZ_OUT (default build-fuzz/ at the repository root, which
+# git ignores) and runs there: the seed corpus from fuzz/ipc_seeds.h (seeds/),
+# the growing corpus (corpus/) and any crash file stay in that directory,
+# never in the source tree. Exits non-zero on a crash or a broken property
+# (the input is saved as $FUZZ_OUT/crash-*).
 # Needs the Debian packages clang and libclang-rt-dev (libFuzzer and the
 # sanitizer runtimes); without them it prints SKIP and exits 0.
 set -euo pipefail
@@ -30,6 +32,7 @@ if [ -z "$cuda_inc" ]; then
   exit 0
 fi
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n);\nint LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' >"$out/probe.c"
 if ! "$cc" -fsanitize=fuzzer,address,undefined "$out/probe.c" -o "$out/probe" >"$out/probe.log" 2>&1; then
   echo "fuzz: SKIP: $cc cannot link -fsanitize=fuzzer,address,undefined: the libFuzzer runtime is missing (Debian: apt-get install libclang-rt-dev)"
@@ -37,15 +40,16 @@ if ! "$cc" -fsanitize=fuzzer,address,undefined "$out/probe.c" -o "$out/probe" >"
   exit 0
 fi
 
-flags=(-std=c11 -D_GNU_SOURCE -I"$root/include" -I"$root/src" -I"$cuda_inc" -g -O1 -Wall -Wextra)
-"$cc" "${flags[@]}" "$here/gen_seeds.c" -o "$out/gen_seeds"
-rm -rf "$out/seeds"
-"$out/gen_seeds" "$out/seeds"
-"$cc" "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  "$here/fuzz_ipc_deserialize.c" "$root/src/ipc_wire.c" "$root/src/error.c" -lpthread \
-  -o "$out/fuzz_ipc_deserialize"
-mkdir -p "$out/corpus"
+CC="$cc" cmake -S "$root" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUBUF_BUILD_FUZZ=ON \
+  -DCUBUF_BUILD_TESTS=OFF -DCUBUF_BUILD_BENCH=OFF >"$out/configure.log" 2>&1 ||
+  { cat "$out/configure.log"; exit 1; }
+cmake --build "$out" --target ipc_gen_seeds fuzz_ipc_deserialize
+# libFuzzer writes its logs and artifacts into the current directory.
+cd "$out"
+rm -rf seeds
+./fuzz/ipc_gen_seeds seeds
+mkdir -p corpus
 echo "fuzz: running fuzz_ipc_deserialize for ${secs}s"
-"$out/fuzz_ipc_deserialize" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-  -max_len=8400 -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus" "$out/seeds"
+./fuzz/fuzz_ipc_deserialize -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+  -max_len=8400 -print_final_stats=1 -artifact_prefix="$out/" corpus seeds
 echo "fuzz: passed (${secs}s, no crash, no broken property)"

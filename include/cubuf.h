@@ -18,16 +18,28 @@
  *    afterwards: the caller's current context is the same after the call, on
  *    success and on failure.
  *  - A failed call leaves its inputs as they were and leaks nothing.
+ *  - Structs that begin with `size_t struct_size` may grow: initialize them
+ *    with their _INIT macro (which sets struct_size). Any struct_size from
+ *    the type's first released layout (CUBUF_<TYPE>_SIZE_V1) up is accepted;
+ *    below it is CUBUF_ERROR_INVALID_ARGUMENT, with a detail naming the type
+ *    and the sizes. Options given with a smaller struct_size than this
+ *    library's get the defaults for the fields they lack, and bytes past
+ *    what this library knows are ignored; a struct the library fills is
+ *    written only up to its struct_size. So a program built against an older
+ *    or a newer header keeps working.
  *  - Functions are thread-safe unless their entry says otherwise; using one
  *    buffer from several threads while another thread closes it is the
  *    caller's race to prevent (as on the cuda.core page).
  *
  * Streams are plain CUstream values: 0 or CU_STREAM_LEGACY (the legacy
- * default stream), CU_STREAM_PER_THREAD, or a stream the caller created. A
- * stream in capture mode plays the role of cuda.core's GraphBuilder.
+ * default stream), CU_STREAM_PER_THREAD, or a stream the caller created
+ * (cubuf_stream_create in <cubuf/stream.h> makes one without linking
+ * libcuda). A stream in capture mode plays the role of cuda.core's
+ * GraphBuilder.
  *
  * Virtual memory (VirtualMemoryResource) is in <cubuf/vmm.h>, sharing between
- * processes in <cubuf/ipc.h>; both are included below.
+ * processes in <cubuf/ipc.h>, streams and events in <cubuf/stream.h>; all are
+ * included below.
  */
 #ifndef CUBUF_H
 #define CUBUF_H
@@ -52,9 +64,10 @@ extern "C" {
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-#define CUBUF_VERSION_MAJOR 0
-#define CUBUF_VERSION_MINOR 1
-#define CUBUF_VERSION_PATCH 0
+/* CUBUF_VERSION_MAJOR, _MINOR and _PATCH, generated from CMakeLists.txt. While
+ * the major version is 0, every minor release may change the ABI (soname
+ * libcubuf.so.0.MINOR); from 1.0 on only a major release does (libcubuf.so.MAJOR). */
+#include <cubuf/version.h>
 /** MAJOR*10000 + MINOR*100 + PATCH, as cubuf_version() returns it. */
 #define CUBUF_VERSION \
     (CUBUF_VERSION_MAJOR * 10000 + CUBUF_VERSION_MINOR * 100 + CUBUF_VERSION_PATCH)
@@ -127,13 +140,23 @@ CUBUF_API void cubuf_set_warning_handler(cubuf_warning_fn fn, void *user);
 /**
  * Loads the driver if needed and reports its CUDA version (13000 for 13.0).
  * The library is libcuda.so.1, or the file named by CUBUF_LIBCUDA.
- * cubuf needs a driver of CUDA 12.8 or newer and is tested on 13.0; each
- * entry point is called through the ABI of the version it was resolved at
- * (see docs/DESIGN.md).
- * Returns CUBUF_ERROR_NO_DRIVER when it cannot be loaded, is too old, or
- * cuInit fails for lack of a driver; CUBUF_ERROR_INVALID_ARGUMENT for NULL.
+ * cubuf needs a driver of at least cubuf_driver_min_version() and is tested
+ * on 13.0; each entry point is called through the ABI of the version it was
+ * resolved at (see docs/DESIGN.md).
+ * Returns CUBUF_ERROR_NO_DRIVER when it cannot be loaded, is too old (the
+ * detail names both versions), or cuInit fails for lack of a driver;
+ * CUBUF_ERROR_INVALID_ARGUMENT for NULL.
  */
 CUBUF_API cubuf_status_t cubuf_driver_version(int *version);
+
+/**
+ * The oldest CUDA driver cubuf loads with, as cuDriverGetVersion counts
+ * (12020 for 12.2): the highest CUDA version among the driver entry points
+ * the library needs. Features whose entry points a driver lacks return
+ * CUBUF_ERROR_NOT_SUPPORTED naming the entry point. Needs no driver; never
+ * fails; thread-safe.
+ */
+CUBUF_API int cubuf_driver_min_version(void);
 
 /**
  * Number of CUDA devices (pyarrow's get_num_devices). A working driver with
@@ -164,11 +187,19 @@ typedef struct cubuf_device_info {
     bool can_map_host_memory;
 } cubuf_device_info_t;
 
-#define CUBUF_DEVICE_INFO_INIT {.struct_size = sizeof(cubuf_device_info_t)}
+#define CUBUF_DEVICE_INFO_INIT                                                           \
+    {sizeof(cubuf_device_info_t), 0, {0}, 0, 0, 0, 0, 0, 0, false, false, false, false, 0, 0, \
+     false, false, false, false, 0, false, false}
+
+/** Size of the first released layout (cubuf 0.1, up to can_map_host_memory):
+ *  the least struct_size every later library accepts. */
+#define CUBUF_DEVICE_INFO_SIZE_V1 \
+    (offsetof(cubuf_device_info_t, can_map_host_memory) + sizeof(bool))
 
 /**
- * Fills *info for device `ordinal`. info->struct_size must be set
- * (CUBUF_DEVICE_INFO_INIT). Returns CUBUF_ERROR_OUT_OF_RANGE for a bad
+ * Fills *info for device `ordinal`, up to info->struct_size (set by
+ * CUBUF_DEVICE_INFO_INIT; at least CUBUF_DEVICE_INFO_SIZE_V1, else
+ * CUBUF_ERROR_INVALID_ARGUMENT). Returns CUBUF_ERROR_OUT_OF_RANGE for a bad
  * ordinal (the detail names the valid range), CUBUF_ERROR_NO_DRIVER,
  * CUBUF_ERROR_NO_DEVICE, CUBUF_ERROR_DRIVER.
  */
@@ -238,6 +269,33 @@ CUBUF_API cubuf_status_t cubuf_context_synchronize(cubuf_context_t *ctx);
 CUBUF_API cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Default streams                                                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One rule for 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD, in every call
+ * that takes a stream (allocate, wrap, set_deallocation_stream, close_on,
+ * copies, fills, host copies): a default stream is that default stream *of
+ * the context the memory belongs to*, never of whatever context the caller
+ * has current. The context a buffer belongs to is
+ *  - its resource's context for memory from a built-in resource (the
+ *    device's primary context, or the context a context buffer was made
+ *    in), for slices and based views their root's;
+ *  - the context a view was made through (cubuf_context_foreign_buffer,
+ *    cubuf_context_buffer_from_strided);
+ *  - none for cubuf_buffer_view / cubuf_buffer_wrap_external views and for
+ *    user resources: then the caller's current context, which must exist.
+ * The allocation, the work ordered on "stream 0" and the deallocation are
+ * therefore on one stream, whichever context a framework left current; cubuf
+ * makes the buffer's context current for the call and restores the
+ * caller's. A copy between two buffers runs in the destination's context
+ * (else the source's, else the current one), so "stream 0" there is the
+ * destination context's default stream. A created stream is used as is: it
+ * carries its context. The per-thread default stream is a different stream
+ * on each thread.
+ */
+
+/* ------------------------------------------------------------------------ */
 /* Buffers (cuda.core Buffer)                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -259,9 +317,13 @@ CUBUF_API cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_b
  * closing it deallocates through the resource, ordered on the recorded
  * deallocation stream `stream` (see cubuf_buffer_set_deallocation_stream for
  * how default streams are recorded). The buffer retains the resource.
+ * Resources whose deallocation needs state only their own allocations
+ * carry cannot adopt memory: virtual-memory resources and the resources of
+ * imported (IPC) buffers are refused.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL arguments, pointer 0 with a
- * size, or a default stream that cannot be bound (it needs a context: the
- * current one or the resource's device's); CUBUF_ERROR_NO_DRIVER (a default
+ * size, a resource that cannot adopt memory (the message says why), or a
+ * default stream that cannot be bound (a user resource with no current
+ * context); CUBUF_ERROR_NO_DRIVER (a default
  * stream with a device-accessible resource needs the driver);
  * CUBUF_ERROR_DRIVER.
  */
@@ -278,10 +340,19 @@ CUBUF_API cubuf_status_t cubuf_buffer_wrap_external(CUdeviceptr ptr, size_t size
                                                     cubuf_buffer_t **out);
 
 /**
- * A buffer over [offset, offset+size) of `parent`, which it keeps alive
- * (retained) until released. Closing a slice closes only the slice.
- * Returns CUBUF_ERROR_CLOSED if the parent is closed, CUBUF_ERROR_OUT_OF_RANGE
- * if the range does not fit the parent.
+ * A buffer over [offset, offset+size) of `parent`. The slice depends on the
+ * buffer that owns the memory (the parent, or the parent's own root for a
+ * slice of a slice): it keeps that root alive (retained) until the slice is
+ * closed or released, and while the slice is open the root cannot be closed
+ * (cubuf_buffer_close returns CUBUF_ERROR_BUSY and the root stays open), so
+ * no slice ever reaches freed memory. Releasing the root's last handle
+ * while slices are open is fine: the memory is freed when the last slice
+ * goes. Closing a slice closes only the slice.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL), CUBUF_ERROR_CLOSED if the
+ * parent is closed, CUBUF_ERROR_OUT_OF_RANGE if the range does not fit the
+ * parent, CUBUF_ERROR_OUT_OF_MEMORY.
+ * Thread-safety: slicing and closing the same parent from two threads at
+ * once is the caller's race.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t size,
                                             cubuf_buffer_t **out);
@@ -301,7 +372,9 @@ CUBUF_API void cubuf_buffer_release(cubuf_buffer_t *buf);
  * ordered on the recorded deallocation stream. Afterwards is_closed is true,
  * the pointer 0 and the size 0; the handle stays valid until released.
  * Closing a closed buffer is a no-op returning CUBUF_SUCCESS.
- * Returns CUBUF_ERROR_STREAM_CAPTURING where the resource refuses a capturing
+ * Returns CUBUF_ERROR_BUSY while slices or based views of the buffer are
+ * open (see cubuf_buffer_slice), leaving it open;
+ * CUBUF_ERROR_STREAM_CAPTURING where the resource refuses a capturing
  * stream (virtual memory; see <cubuf/vmm.h>), leaving the buffer open;
  * CUBUF_ERROR_DRIVER.
  */
@@ -309,7 +382,10 @@ CUBUF_API cubuf_status_t cubuf_buffer_close(cubuf_buffer_t *buf);
 
 /**
  * close(stream): `stream` replaces the recorded deallocation stream, then
- * the buffer is closed as by cubuf_buffer_close.
+ * the buffer is closed as by cubuf_buffer_close. A close that is refused
+ * (CUBUF_ERROR_BUSY, CUBUF_ERROR_STREAM_CAPTURING) or fails leaves the
+ * recorded stream as it was. Statuses as cubuf_buffer_close and
+ * cubuf_buffer_set_deallocation_stream.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream stream);
 
@@ -318,16 +394,18 @@ CUBUF_API cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream str
  * buffer stays open and usable. No synchronization and no dependency is
  * added: the caller orders allocation and every access before the
  * deallocation on `stream`. A default stream (0, CU_STREAM_LEGACY,
- * CU_STREAM_PER_THREAD) is bound to the context current now, or to the
- * primary context of the buffer's device when none is current, so that a
- * later close from any thread runs it in the right context. The per-thread
- * default stream is a different stream on each thread: pass a created
- * stream if the buffer may be closed from another thread.
+ * CU_STREAM_PER_THREAD) is bound to the context the buffer belongs to (see
+ * "Default streams"; the current context only for memory of no context),
+ * so that a later close from any thread runs it in the right context. The
+ * per-thread default stream is a different stream on each thread: pass a
+ * created stream if the buffer may be closed from another thread.
  * Returns CUBUF_ERROR_CLOSED for a closed buffer, CUBUF_ERROR_INVALID_ARGUMENT
- * when a default stream cannot be bound (no current context and the memory
- * belongs to no device), CUBUF_ERROR_NO_DRIVER (a default stream without a
+ * when a default stream cannot be bound (memory of no context and no
+ * current context), CUBUF_ERROR_NO_DRIVER (a default stream without a
  * driver), CUBUF_ERROR_DRIVER.
- * Thread-safety: must not race with close of the same buffer.
+ * Thread-safety: may run while other buffers of the same memory (virtual
+ * memory aliases) are closed on other threads; must not race with close of
+ * the same buffer.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream);
 
@@ -344,7 +422,7 @@ CUBUF_API bool cubuf_buffer_is_mapped(const cubuf_buffer_t *buf);        /**< im
 CUBUF_API cubuf_resource_t *cubuf_buffer_resource(const cubuf_buffer_t *buf);
 /** The external owner given to cubuf_buffer_wrap_external, or the parent's for a slice; else NULL. */
 CUBUF_API void *cubuf_buffer_owner(const cubuf_buffer_t *buf);
-/** The parent of a slice (not a new reference), else NULL. */
+/** The root a slice or a based view depends on (not a new reference), else NULL. */
 CUBUF_API cubuf_buffer_t *cubuf_buffer_parent(const cubuf_buffer_t *buf);
 
 /* ------------------------------------------------------------------------ */
@@ -378,14 +456,17 @@ typedef struct cubuf_copy_options {
 #define CUBUF_COPY_OPTIONS_INIT {sizeof(cubuf_copy_options_t), CUBUF_SRC_ACCESS_STREAM, \
                                  CUBUF_LOCATION_NONE, 0, CUBUF_LOCATION_NONE, 0, false}
 
+/** Size of the first released layout (cubuf 0.1, up to prefer_overlap_with_compute). */
+#define CUBUF_COPY_OPTIONS_SIZE_V1 \
+    (offsetof(cubuf_copy_options_t, prefer_overlap_with_compute) + sizeof(bool))
+
 /**
  * Copies src into dst asynchronously on `stream` (Buffer.copy_from).
  * The sizes must be equal (else CUBUF_ERROR_INVALID_ARGUMENT); size 0 is a
  * no-op that calls no driver.
- * The copy runs in the context of dst's resource (or of the context dst was
- * made through), else src's, else the caller's current context (views and
- * user resources); `stream` must belong to that context or be a default
- * stream. Without options it costs cuMemcpyAsync plus at most one
+ * The copy runs in the context dst belongs to, else src's, else the
+ * caller's current context (see "Default streams"); `stream` must belong to
+ * that context or be a default stream, which then is that context's. Without options it costs cuMemcpyAsync plus at most one
  * cuCtxGetCurrent; between device memory of two devices whose buffers both
  * belong to a context (resource or context buffers; pyarrow's copy from
  * another device) it is cuMemcpyPeerAsync with both contexts, which needs
@@ -396,14 +477,23 @@ typedef struct cubuf_copy_options {
  * attributed copy (a batch of one through cuMemcpyBatchAsync with the 13.0 ABI):
  * options are refused with the legacy default stream (0 or
  * CU_STREAM_LEGACY; use CU_STREAM_PER_THREAD) and with a capturing stream
- * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there), as are a wrong
- * struct_size, an unknown enum value and a negative device or NUMA id in a
- * location hint. Where the driver has no attributed copy, STREAM and ANY
- * fall back to a plain copy and DURING_API_CALL returns
- * CUBUF_ERROR_NOT_SUPPORTED. Location hints only matter for managed and
- * pageable memory; the driver ignores them elsewhere.
+ * (CUBUF_ERROR_INVALID_ARGUMENT; pass NULL there), as are a struct_size
+ * below the first released layout, an unknown enum value and a negative
+ * device or NUMA id in a location hint. Where the driver has no attributed
+ * copy, STREAM and ANY fall back to a plain copy. Location hints only
+ * matter for managed and pageable memory; the driver ignores them
+ * elsewhere.
+ * DURING_API_CALL is kept by cubuf itself, at any size and on any driver:
+ * the source is read before the call returns (by the host for pageable and
+ * pinned memory; by the driver on a private stream, synchronized, for
+ * device and managed memory) into a host block, and the copy to dst runs in
+ * stream order from that block, which a host function enqueued after it
+ * frees. The source may change as soon as the call returns. It costs a
+ * host-memory block of the copy's size and one host memcpy (device
+ * sources: a synchronous device-to-host copy too).
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buffer), CUBUF_ERROR_CLOSED if
- * either is closed, CUBUF_ERROR_NOT_SUPPORTED, CUBUF_ERROR_DRIVER.
+ * either is closed, CUBUF_ERROR_OUT_OF_MEMORY (the DURING_API_CALL block),
+ * CUBUF_ERROR_DRIVER.
  * Thread-safety: as any use of a buffer; the caller orders the copy against
  * other work on the two buffers.
  */
@@ -411,18 +501,67 @@ CUBUF_API cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf
                                                 CUstream stream, const cubuf_copy_options_t *options);
 
 /**
- * Copies src into *dst asynchronously on `stream` (Buffer.copy_to). If *dst
- * is NULL, a buffer of src's size is first allocated from src's resource on
- * `stream` (its deallocation stream is `stream`) and stored in *dst (the
- * caller releases it); when src is counted in a context's bytes_allocated
- * the new buffer is counted there too. A src without a resource (a view or
- * a slice) gives CUBUF_ERROR_INVALID_ARGUMENT. Options are checked before
- * anything is allocated; if the copy fails, the new buffer is freed again
- * (on `stream`) and *dst stays NULL. With *dst not NULL: as copy_from.
- * Returns what cubuf_resource_allocate and cubuf_buffer_copy_from return.
+ * Copies src into dst asynchronously on `stream` (Buffer.copy_to(dst)):
+ * exactly cubuf_buffer_copy_from(dst, src, stream, options), statuses
+ * included.
  */
-CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **dst,
+CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t *dst,
                                               CUstream stream, const cubuf_copy_options_t *options);
+
+/**
+ * Copies src into a new buffer (Buffer.copy_to() without dst): a buffer of
+ * src's size is allocated from the resource that owns src's memory (a
+ * slice's or a based view's root's) on `stream` (its deallocation stream is
+ * `stream`), the copy is enqueued on `stream`, and the new buffer is stored
+ * in *out (written only on success; the caller releases it). When src is
+ * counted in a context's bytes_allocated the new buffer is counted there
+ * too. Options are checked before anything is allocated; if the copy fails,
+ * the new buffer is freed again (on `stream`).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL argument, or a source that no
+ * resource owns: a view), CUBUF_ERROR_CLOSED, and what
+ * cubuf_resource_allocate and cubuf_buffer_copy_from return.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_copy_to_new(const cubuf_buffer_t *src, CUstream stream,
+                                                  const cubuf_copy_options_t *options,
+                                                  cubuf_buffer_t **out);
+
+/**
+ * Copies bytes of `buf` from `position` into host memory (pyarrow's
+ * copy_to_host): `nbytes` bytes, or with nbytes -1 as many as fit, the rest
+ * of the buffer but at most host_size. The copy is ordered on `stream`
+ * (after the work already there; a default stream is the buffer context's,
+ * see "Default streams") and complete when the call returns (the stream is
+ * synchronized). `host` may be pageable or pinned. *copied (may be NULL)
+ * receives the byte count on success. nbytes 0 (or nothing to copy) calls
+ * no driver.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buf, or NULL host with a
+ * host_size), CUBUF_ERROR_CLOSED, CUBUF_ERROR_OUT_OF_RANGE (position < 0 or
+ * past the buffer's size; nbytes below -1, past the rest of the buffer or
+ * larger than host_size), CUBUF_ERROR_STREAM_CAPTURING (the stream
+ * captures: synchronizing it would break the capture), CUBUF_ERROR_DRIVER
+ * (the host bytes are then unspecified).
+ * Thread-safety: as any use of a buffer.
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_copy_to_host(const cubuf_buffer_t *buf, int64_t position,
+                                                   int64_t nbytes, void *host, size_t host_size,
+                                                   CUstream stream, size_t *copied);
+
+/**
+ * Copies host data into `buf` at `position` (pyarrow's copy_from_host):
+ * `nbytes` bytes of data, or with nbytes -1 as many as fit, all of data but
+ * at most the rest of the buffer. Ordered on `stream` and complete when the
+ * call returns, as cubuf_buffer_copy_to_host; *copied (may be NULL)
+ * receives the byte count on success.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buf, or NULL data with a
+ * data_size), CUBUF_ERROR_CLOSED, CUBUF_ERROR_OUT_OF_RANGE (position < 0 or
+ * past the buffer's size; nbytes below -1, larger than data_size or past
+ * the rest of the buffer), CUBUF_ERROR_STREAM_CAPTURING, CUBUF_ERROR_DRIVER
+ * (the buffer's bytes in the range are then unspecified).
+ */
+CUBUF_API cubuf_status_t cubuf_buffer_copy_from_host(cubuf_buffer_t *buf, const void *data,
+                                                     size_t data_size, int64_t position,
+                                                     int64_t nbytes, CUstream stream,
+                                                     size_t *copied);
 
 /** One copy of a batch: `size` bytes from src to dst (raw addresses). */
 typedef struct cubuf_copy {
@@ -440,13 +579,14 @@ typedef struct cubuf_copy {
  * Uses cuMemcpyBatchAsync where available, else one plain copy each;
  * without options it also uses plain copies for a single copy, on the
  * legacy default stream and on a capturing stream (13.0 drivers cannot
- * capture a batch). Same option rules as cubuf_buffer_copy_from.
+ * capture a batch). Same option rules as cubuf_buffer_copy_from, also for
+ * DURING_API_CALL (every source read into one host block during the call).
  * count 0 is a no-op. On failure, *failed_index (may be NULL; written on
  * failure only) is the index of the copy that failed, or count when the
  * batch as a whole was refused (bad options, or cuMemcpyBatchAsync failed);
  * after a plain copy failed, the copies before it may have been enqueued.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_NOT_SUPPORTED,
- * CUBUF_ERROR_OUT_OF_MEMORY (host arrays for a large batch), CUBUF_ERROR_DRIVER.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_OUT_OF_MEMORY (host
+ * arrays for a large batch, the DURING_API_CALL block), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
                                           const cubuf_copy_options_t *options, size_t *failed_index);
@@ -488,14 +628,39 @@ typedef struct cubuf_resource_props {
 
 #define CUBUF_RESOURCE_PROPS_INIT {sizeof(cubuf_resource_props_t), -1, false, false, false, false}
 
-/** Usage counters, kept with a few atomics and readable at any time. */
+/** Size of the first released layout (cubuf 0.1, up to ipc_enabled). */
+#define CUBUF_RESOURCE_PROPS_SIZE_V1 (offsetof(cubuf_resource_props_t, ipc_enabled) + sizeof(bool))
+
+/**
+ * Usage of a resource, read by cubuf_resource_stats. Initialize with
+ * CUBUF_RESOURCE_STATS_INIT. The first five figures are cubuf's own
+ * counters of the buffers the resource allocated (or took over with
+ * cubuf_buffer_wrap). The pool figures are the driver's, of the memory pool
+ * behind a device pool or pinned pool resource (cuMemPoolGetAttribute): the
+ * memory the pool holds from the system (reserved) and the part of it
+ * allocations use now (used), each with its high-water mark since the pool
+ * was made. For a device pool on the device's default pool they count every
+ * user of that pool in the process. 0 for resources without a pool.
+ */
 typedef struct cubuf_resource_stats {
+    size_t struct_size;
     size_t current_bytes;
     size_t peak_bytes;
     size_t current_count;
     size_t peak_count;
     uint64_t total_allocations;
+    uint64_t pool_reserved_current; /**< CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
+    uint64_t pool_reserved_high;    /**< CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH */
+    uint64_t pool_used_current;     /**< CU_MEMPOOL_ATTR_USED_MEM_CURRENT */
+    uint64_t pool_used_high;        /**< CU_MEMPOOL_ATTR_USED_MEM_HIGH */
 } cubuf_resource_stats_t;
+
+#define CUBUF_RESOURCE_STATS_INIT {sizeof(cubuf_resource_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/** Size of the first released layout (up to total_allocations): the
+ *  counters only, which a stats call fills without asking the driver. */
+#define CUBUF_RESOURCE_STATS_SIZE_V1 \
+    (offsetof(cubuf_resource_stats_t, total_allocations) + sizeof(uint64_t))
 
 #define CUBUF_RESOURCE_OPS_VERSION 1
 
@@ -515,11 +680,18 @@ typedef struct cubuf_resource_ops {
     void (*destroy)(void *state);
 } cubuf_resource_ops_t;
 
+/** Bytes of an ops struct of version 1 (up to destroy): all a version-1 caller provides. */
+#define CUBUF_RESOURCE_OPS_SIZE_V1 (offsetof(cubuf_resource_ops_t, destroy) + sizeof(void (*)(void *)))
+
 /**
- * Creates a resource from user operations. `ops` is copied; `props` (NULL:
- * device memory of the current device, device accessible) is copied.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT (missing callbacks), CUBUF_ERROR_NOT_SUPPORTED
- * (unknown ops version). Release with cubuf_resource_release.
+ * Creates a resource from user operations. `ops` is copied, as far as its
+ * declared version reaches (fields of later versions are never read);
+ * `props` (NULL: device memory of the current device, device accessible) is
+ * copied as the struct_size rule says.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (missing callbacks, props->struct_size
+ * too small), CUBUF_ERROR_NOT_SUPPORTED (ops version 0, or newer than this
+ * library's CUBUF_RESOURCE_OPS_VERSION: callbacks it does not know may carry
+ * duties it cannot honour). Release with cubuf_resource_release.
  */
 CUBUF_API cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
                                                const cubuf_resource_props_t *props, void *state,
@@ -528,13 +700,24 @@ CUBUF_API cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
 /** Options for the stream-ordered device pool. Initialize with CUBUF_DEVICE_RESOURCE_OPTIONS_INIT. */
 typedef struct cubuf_device_resource_options {
     size_t struct_size;
-    bool private_pool;      /**< false: the device's default pool (release threshold raised) */
+    bool private_pool;      /**< false: the device's default pool, shared */
     size_t max_size;        /**< private pool only; 0 = no limit */
     bool ipc_enabled;       /**< private pool only: exportable as POSIX fd */
-    size_t release_threshold; /**< bytes kept cached; SIZE_MAX = keep all (default) */
+    /** Bytes the pool keeps cached at a synchronization (SIZE_MAX: all).
+     *  CUBUF_RELEASE_THRESHOLD_DEFAULT (the default): see cubuf_device_resource_create. */
+    size_t release_threshold;
 } cubuf_device_resource_options_t;
 
-#define CUBUF_DEVICE_RESOURCE_OPTIONS_INIT {sizeof(cubuf_device_resource_options_t), false, 0, false, SIZE_MAX}
+/** release_threshold: the default pool's threshold is left as it is; a
+ *  private pool keeps all freed memory (until cubuf_resource_trim). */
+#define CUBUF_RELEASE_THRESHOLD_DEFAULT (SIZE_MAX - 1)
+
+#define CUBUF_DEVICE_RESOURCE_OPTIONS_INIT \
+    {sizeof(cubuf_device_resource_options_t), false, 0, false, CUBUF_RELEASE_THRESHOLD_DEFAULT}
+
+/** Size of the first released layout (cubuf 0.1, up to release_threshold). */
+#define CUBUF_DEVICE_RESOURCE_OPTIONS_SIZE_V1 \
+    (offsetof(cubuf_device_resource_options_t, release_threshold) + sizeof(size_t))
 
 /*
  * The built-in resources below share these rules:
@@ -557,19 +740,26 @@ typedef struct cubuf_device_resource_options {
  * Stream-ordered device memory (cuMemAllocFromPoolAsync / cuMemFreeAsync) on
  * device `ordinal`; device accessible, device_id `ordinal`.
  * options NULL or private_pool false: the device's default pool, shared with
- * everyone else in the process; its release threshold is raised to
- * release_threshold (SIZE_MAX, the default, keeps all freed memory cached)
- * and never lowered. private_pool true: a new pool, destroyed with the
+ * everyone else in the process (the CUDA runtime's cudaMallocAsync and the
+ * frameworks' allocators use it too). Its release threshold is left as it
+ * is (the driver's 0, which gives freed memory back at each
+ * synchronization, unless someone changed it) unless release_threshold is
+ * set to anything but CUBUF_RELEASE_THRESHOLD_DEFAULT: then it becomes that
+ * value (SIZE_MAX: keep all), for every user of the pool, and stays after
+ * the resource is gone. private_pool true: a new pool, destroyed with the
  * resource, with max_size (0: the driver's limit; an allocation beyond it
  * returns CUBUF_ERROR_OUT_OF_MEMORY), the release threshold set to
- * release_threshold, and POSIX-fd export when ipc_enabled.
+ * release_threshold (CUBUF_RELEASE_THRESHOLD_DEFAULT: keep all freed memory
+ * cached, until cubuf_resource_trim or the resource goes), and POSIX-fd
+ * export when ipc_enabled.
  * Allocation on a capturing stream returns CUBUF_ERROR_STREAM_CAPTURING and
  * leaves the capture intact (use cubuf_graph_resource_create inside capture).
  * Closing a buffer on a capturing stream fails with
  * CUBUF_ERROR_STREAM_CAPTURING and leaves it open: a graph cannot free pool
  * memory (the driver's refused free may invalidate that capture).
- * Returns CUBUF_ERROR_INVALID_ARGUMENT (options->struct_size too small;
- * max_size or ipc_enabled without private_pool), CUBUF_ERROR_NOT_SUPPORTED
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (options->struct_size below
+ * CUBUF_DEVICE_RESOURCE_OPTIONS_SIZE_V1; max_size or ipc_enabled without
+ * private_pool), CUBUF_ERROR_NOT_SUPPORTED
  * (no memory pools on the device, or no POSIX-fd pool export for IPC).
  */
 CUBUF_API cubuf_status_t cubuf_device_resource_create(int ordinal,
@@ -584,7 +774,9 @@ CUBUF_API cubuf_status_t cubuf_device_resource_create(int ordinal,
  * Allocations are stream ordered like the device pool's: the host may touch
  * the memory once the allocation has completed on its stream (synchronize
  * it first), and the capture rules are the device pool's. The pool keeps
- * freed memory cached (release threshold UINT64_MAX) until the resource goes.
+ * freed memory cached (release threshold UINT64_MAX) until
+ * cubuf_resource_trim gives it back or the resource goes; change that with
+ * cubuf_resource_set_release_threshold.
  * ipc_enabled makes the pool exportable as POSIX fds; the driver allows that
  * only for a pool on a host NUMA node, so it is placed on the node closest
  * to the device (node 0 where the system has no NUMA).
@@ -649,11 +841,52 @@ CUBUF_API cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res);
 /** Drops a reference; buffers hold their resource, so it lives until the last is gone. NULL is a no-op. */
 CUBUF_API void cubuf_resource_release(cubuf_resource_t *res);
 
-/** Copies the resource's properties into *props (props->struct_size must be set). */
+/**
+ * Copies the resource's properties into *props, up to props->struct_size
+ * (set by CUBUF_RESOURCE_PROPS_INIT; at least CUBUF_RESOURCE_PROPS_SIZE_V1).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL or a struct_size too small.
+ */
 CUBUF_API cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props);
 
-/** Reads the usage counters. */
+/**
+ * Reads the resource's usage into *stats, up to stats->struct_size (set by
+ * CUBUF_RESOURCE_STATS_INIT; at least CUBUF_RESOURCE_STATS_SIZE_V1). Bytes
+ * past struct_size are not touched. The counters are one consistent
+ * snapshot (exact peaks) and cost no driver call. When struct_size covers
+ * the pool figures and the resource is a device pool or pinned pool, they
+ * cost four driver queries (cuMemPoolGetAttribute), made just before the
+ * counters are read; callers that only need the counters on a hot path can
+ * pass struct_size CUBUF_RESOURCE_STATS_SIZE_V1. Thread-safe.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, struct_size too small),
+ * CUBUF_ERROR_DRIVER (a pool query failed; *stats is unchanged).
+ */
 CUBUF_API cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_stats_t *stats);
+
+/**
+ * Gives the memory a pool resource keeps cached back to the system, keeping
+ * at most `bytes_to_keep` bytes of it reserved (cuMemPoolTrimTo; 0: all it
+ * can). Only memory no allocation uses can go: a buffer's memory goes once
+ * its free has run on its deallocation stream, so synchronize that stream
+ * (or the context) first. Device pool and pinned pool resources, a
+ * context's pools included (cubuf_buffer_resource of one of their buffers);
+ * on a device pool made on the device's default pool it trims that shared
+ * pool. Thread-safe; the pool keeps serving allocations meanwhile.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (res NULL), CUBUF_ERROR_NOT_SUPPORTED
+ * (every other resource kind: managed, legacy pinned, sync device, graph,
+ * VMM, imported IPC and user resources hold no pool), CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_trim(cubuf_resource_t *res, size_t bytes_to_keep);
+
+/**
+ * Sets how much freed memory the pool of a device pool or pinned pool
+ * resource keeps cached when a stream, event or context synchronizes
+ * (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD): `bytes` (0: give everything back at
+ * each synchronization; SIZE_MAX: keep everything, cubuf's choice for its
+ * own pools). On a device pool made on the device's default pool this sets
+ * the shared pool's threshold for every user in the process. Thread-safe.
+ * Returns as cubuf_resource_trim.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_set_release_threshold(cubuf_resource_t *res, size_t bytes);
 
 /**
  * Grants (`grant` true: read-write) or revokes (`grant` false) access by
@@ -747,20 +980,26 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, co
 
 /**
  * A view of [address, address+size) (foreign_buffer). address 0 with size 0
- * gives an empty buffer. `owner` (may be NULL) is released through
- * `release` (may be NULL) exactly once, when the view closes or its last
- * reference goes (see cubuf_buffer_wrap_external); on failure release is
- * not called and the caller keeps the owner. The address may be host or
+ * gives an empty buffer. The view belongs to ctx: it holds the context, and
+ * its copies and fills run there (see "Default streams").
+ * `base` (pyarrow's base; may be NULL) is a buffer that owns the memory: the
+ * view depends on it as a slice does (cubuf_buffer_slice: it is kept alive,
+ * and cannot be closed while the view is open); the range must lie inside
+ * it. `owner` (may be NULL) is released through `release` (may be NULL)
+ * exactly once, when the view closes or its last reference goes (see
+ * cubuf_buffer_wrap_external); on failure release is not called, base is
+ * not retained, and the caller keeps both. The address may be host or
  * device memory reachable from the device after
  * cubuf_context_device_address; it is described (device, accessibility)
  * with the context current and not otherwise checked. Views do not count
  * in bytes_allocated.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL ctx or out and for address 0
- * with a size; CUBUF_ERROR_NO_DRIVER; CUBUF_ERROR_DRIVER.
+ * with a size; CUBUF_ERROR_CLOSED (a closed base); CUBUF_ERROR_OUT_OF_RANGE
+ * (the range is not inside base); CUBUF_ERROR_NO_DRIVER; CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr address,
-                                                      size_t size, void *owner,
-                                                      cubuf_owner_release_fn release,
+                                                      size_t size, cubuf_buffer_t *base,
+                                                      void *owner, cubuf_owner_release_fn release,
                                                       cubuf_buffer_t **out);
 
 /**
@@ -774,18 +1013,21 @@ CUBUF_API cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUde
  * memory must be device accessible (device, pinned or managed); the view
  * keeps the address as given (for host memory registered with a separate
  * device alias, translate it with cubuf_context_device_address first).
- * `owner`/`release` as for cubuf_context_foreign_buffer.
+ * `base`, `owner` and `release` as for cubuf_context_foreign_buffer (base
+ * must hold the whole span).
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL ctx or out, ndim < 0 or > 64,
  * itemsize 0, NULL arrays with ndim > 0, a negative shape, address 0 with a
  * non-empty array, memory the device cannot reach: pageable host memory),
  * CUBUF_ERROR_OUT_OF_RANGE (the span's arithmetic overflows 64 bits, or the
  * span starts at or below address 0 or passes the end of the address
- * space), CUBUF_ERROR_DRIVER.
+ * space, or the span is not inside base), CUBUF_ERROR_CLOSED (a closed base),
+ * CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
                                                            int ndim, const int64_t *shape,
                                                            const int64_t *strides, size_t itemsize,
-                                                           void *owner, cubuf_owner_release_fn release,
+                                                           cubuf_buffer_t *base, void *owner,
+                                                           cubuf_owner_release_fn release,
                                                            cubuf_buffer_t **out);
 
 /**
@@ -808,5 +1050,6 @@ CUBUF_API cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, cons
 
 #include <cubuf/vmm.h>
 #include <cubuf/ipc.h>
+#include <cubuf/stream.h>
 
 #endif /* CUBUF_H */

@@ -62,12 +62,6 @@ cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *w
     return CUBUF_SUCCESS;
 }
 
-/* The context a default deallocation stream binds to when none is current. */
-static CUcontext fallback_ctx(const cubuf_buffer_t *buf)
-{
-    return buf->resource && buf->resource->ctx ? buf->resource->ctx->handle : NULL;
-}
-
 /* Reads what the driver knows of ptr: device, accessibility, managed. */
 static cubuf_status_t describe_pointer(cubuf_buffer_t *buf)
 {
@@ -139,6 +133,10 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
 {
     CHECK_ARG(out && resource, "cubuf_buffer_wrap: NULL argument");
     CHECK_ARG(ptr != 0 || size == 0, "cubuf_buffer_wrap: pointer 0 with size %zu", size);
+    if (resource->vt->no_adopt)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "cubuf_buffer_wrap: this resource cannot take over memory it did not "
+                           "allocate: %s", resource->vt->no_adopt);
     cubuf_buffer_t *buf = NULL;
     cubuf_status_t st = cubuf__buffer_new(&buf);
     if (st != CUBUF_SUCCESS) return st;
@@ -148,7 +146,7 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
     buf->resource = resource;
     /* Host-only resources order nothing on a device and need no context. */
     if (resource->props.device_accessible) {
-        st = cubuf__stream_record(&buf->dealloc, stream, fallback_ctx(buf), NULL);
+        st = cubuf__stream_record(&buf->dealloc, stream, cubuf__buffer_exec_ctx(buf));
     } else {
         buf->dealloc.stream = stream;
     }
@@ -159,6 +157,13 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
     cubuf__resource_hold(resource, size);
     *out = buf;
     return CUBUF_SUCCESS;
+}
+
+void cubuf__buffer_attach(cubuf_buffer_t *buf, cubuf_buffer_t *root)
+{
+    while (root->parent) root = root->parent; /* the memory's owner: a middle slice owns nothing */
+    buf->parent = cubuf_buffer_retain(root);
+    atomic_fetch_add_explicit(&root->open_slices, 1, memory_order_relaxed);
 }
 
 cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t size,
@@ -177,7 +182,7 @@ cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t 
     buf->size = size;
     buf->device_id = parent->device_id;
     buf->flags = parent->flags;
-    buf->parent = cubuf_buffer_retain(parent->parent ? parent->parent : parent); /* the memory's owner: closing a middle slice must not free it */
+    cubuf__buffer_attach(buf, parent);
     *out = buf;
     return CUBUF_SUCCESS;
 }
@@ -188,21 +193,45 @@ cubuf_buffer_t *cubuf_buffer_retain(cubuf_buffer_t *buf)
     return buf;
 }
 
-static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
+/* What a buffer holds besides its memory: the owner, the root it depends
+ * on, the context it was made through. Dropped once, on close. */
+static void drop_holds(cubuf_buffer_t *buf)
 {
-    if (buf->closed) return CUBUF_SUCCESS;
-    cubuf_resource_t *res = buf->resource;
-    if (res && buf->ptr) {
-        cubuf_status_t st = res->vt->deallocate(res, buf, &buf->dealloc);
-        if (st != CUBUF_SUCCESS) return st; /* refused or failed: the buffer stays open */
-    }
     if (buf->owner_release) buf->owner_release(buf->owner);
     buf->owner_release = NULL;
     buf->owner = NULL;
     if (buf->parent) {
+        atomic_fetch_sub_explicit(&buf->parent->open_slices, 1, memory_order_release);
         cubuf_buffer_release(buf->parent);
         buf->parent = NULL;
     }
+    if (buf->view_ctx) {
+        cubuf__context_release(buf->view_ctx);
+        buf->view_ctx = NULL;
+    }
+}
+
+static cubuf_status_t refuse_busy(const cubuf_buffer_t *buf, const char *what)
+{
+    int n = atomic_load_explicit(&buf->open_slices, memory_order_acquire);
+    if (n == 0) return CUBUF_SUCCESS;
+    return cubuf__fail(CUBUF_ERROR_BUSY,
+                       "%s: %d slice%s or view%s of this buffer %s open and would reach freed "
+                       "memory; close or release them first (the buffer stays open)",
+                       what, n, n == 1 ? "" : "s", n == 1 ? "" : "s", n == 1 ? "is" : "are");
+}
+
+static cubuf_status_t close_buffer(cubuf_buffer_t *buf, const char *what)
+{
+    if (buf->closed) return CUBUF_SUCCESS;
+    cubuf_status_t st = refuse_busy(buf, what);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_resource_t *res = buf->resource;
+    if (res && buf->ptr) {
+        st = res->vt->deallocate(res, buf, &buf->dealloc);
+        if (st != CUBUF_SUCCESS) return st; /* refused or failed: the buffer stays open */
+    }
+    drop_holds(buf);
     buf->resource = NULL;
     /* Statistics count buffers of size > 0 (see cubuf__resource_allocate). */
     cubuf__resource_drop(res, res && !res->vt->manages_stats ? buf->size : 0);
@@ -216,23 +245,26 @@ static cubuf_status_t close_buffer(cubuf_buffer_t *buf)
 cubuf_status_t cubuf_buffer_close(cubuf_buffer_t *buf)
 {
     CHECK_ARG(buf, "cubuf_buffer_close: buf is NULL");
-    return close_buffer(buf);
+    return close_buffer(buf, "cubuf_buffer_close");
 }
 
 cubuf_status_t cubuf_buffer_close_on(cubuf_buffer_t *buf, CUstream stream)
 {
-    CHECK_ARG(buf, "cubuf_buffer_close_on: buf is NULL");
+    static const char what[] = "cubuf_buffer_close_on";
+    CHECK_ARG(buf, "%s: buf is NULL", what);
     if (buf->closed) return CUBUF_SUCCESS;
-    cubuf_stream_token_t saved = buf->dealloc;
-    cubuf_status_t st = cubuf_buffer_set_deallocation_stream(buf, stream);
+    cubuf_status_t st = refuse_busy(buf, what);
     if (st != CUBUF_SUCCESS) return st;
-    st = close_buffer(buf);
-    if (st != CUBUF_SUCCESS) buf->dealloc = saved; /* a refused close changes nothing */
+    cubuf_stream_token_t saved = buf->dealloc;
+    if ((st = cubuf_buffer_set_deallocation_stream(buf, stream)) != CUBUF_SUCCESS) return st;
+    st = close_buffer(buf, what);
+    if (st != CUBUF_SUCCESS) cubuf__buffer_set_token(buf, &saved); /* a refused close changes nothing */
     return st;
 }
 
 /* The last release. A caller holding the only reference needs no atomic
- * read-modify-write to know it: nobody else can retain the buffer. */
+ * read-modify-write to know it: nobody else can retain the buffer. Open
+ * slices hold a reference, so a buffer released here has none. */
 void cubuf_buffer_release(cubuf_buffer_t *buf)
 {
     if (!buf) return;
@@ -240,14 +272,21 @@ void cubuf_buffer_release(cubuf_buffer_t *buf)
         atomic_store_explicit(&buf->refs, 0, memory_order_relaxed);
     else if (atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1)
         return;
-    cubuf_status_t st = buf->closed ? CUBUF_SUCCESS : close_buffer(buf);
+    cubuf_status_t st = buf->closed ? CUBUF_SUCCESS : close_buffer(buf, "cubuf_buffer_release");
     if (st != CUBUF_SUCCESS) {
         cubuf__warn(st, "the last release of a buffer could not close it; its memory is lost: %s",
                     cubuf_last_error());
+        drop_holds(buf);
         cubuf_resource_release(buf->resource);
-        cubuf_buffer_release(buf->parent);
     }
     cubuf__buffer_discard(buf);
+}
+
+void cubuf__buffer_set_token(cubuf_buffer_t *buf, const cubuf_stream_token_t *t)
+{
+    cubuf_resource_t *res = buf->resource;
+    if (res && res->vt->set_token) res->vt->set_token(res, buf, t);
+    else buf->dealloc = *t;
 }
 
 cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstream stream)
@@ -255,15 +294,12 @@ cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstrea
     CHECK_ARG(buf, "cubuf_buffer_set_deallocation_stream: buf is NULL");
     cubuf_status_t st = cubuf__buffer_check_open(buf, "cubuf_buffer_set_deallocation_stream");
     if (st != CUBUF_SUCCESS) return st;
-    if (buf->resource && !buf->resource->props.device_accessible) {
-        buf->dealloc.stream = stream;
-        buf->dealloc.ctx = NULL;
-        return CUBUF_SUCCESS;
-    }
-    cubuf_stream_token_t t;
-    if ((st = cubuf__stream_record(&t, stream, fallback_ctx(buf), NULL)) != CUBUF_SUCCESS) return st;
-    buf->dealloc = t;
-    return CUBUF_SUCCESS;
+    cubuf_stream_token_t t = {stream, NULL};
+    /* Host-only resources order nothing on a device and need no context. */
+    if (!buf->resource || buf->resource->props.device_accessible)
+        st = cubuf__stream_record(&t, stream, cubuf__buffer_exec_ctx(buf));
+    if (st == CUBUF_SUCCESS) cubuf__buffer_set_token(buf, &t);
+    return st;
 }
 
 CUdeviceptr cubuf_buffer_ptr(const cubuf_buffer_t *buf) { return buf ? buf->ptr : 0; }
@@ -295,7 +331,7 @@ cubuf_resource_t *cubuf_buffer_resource(const cubuf_buffer_t *buf)
 void *cubuf_buffer_owner(const cubuf_buffer_t *buf)
 {
     if (!buf) return NULL;
-    if (buf->parent) return cubuf_buffer_owner(buf->parent);
+    if (!buf->owner && buf->parent) return cubuf_buffer_owner(buf->parent);
     return buf->owner;
 }
 

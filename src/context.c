@@ -159,7 +159,7 @@ cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ctx, size_t 
     const atomic_uintptr_t *slots[] = {&ctx->device_pool, &ctx->host_pool};
     for (size_t i = 0; i < 2; i++) {
         const cubuf_resource_t *res = (const cubuf_resource_t *)atomic_load(slots[i]);
-        cubuf_resource_stats_t s;
+        cubuf_resource_stats_t s = {.struct_size = CUBUF_RESOURCE_STATS_SIZE_V1}; /* no driver query */
         if (res && cubuf_resource_stats(res, &s) == CUBUF_SUCCESS) total += s.current_bytes;
     }
     *bytes = total;

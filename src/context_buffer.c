@@ -15,9 +15,10 @@ typedef cubuf_status_t (*make_pool_fn)(cubuf_context_t *ctx, cubuf_resource_t **
  * The device pool is the context's own, exportable as POSIX fds, so that
  * its buffers can be shared with other processes as pyarrow's context
  * memory can (cubuf_buffer_ipc_descriptor); it keeps freed memory for
- * reuse, as the default pool does with its threshold raised. Where pools
+ * reuse (cubuf_resource_trim gives it back). Where pools
  * cannot be exported (CUBUF_ERROR_NOT_SUPPORTED), the device's default pool
- * serves instead and the buffers stay in this process. */
+ * serves instead (its threshold left as it is: it is shared) and the
+ * buffers stay in this process. */
 static cubuf_status_t make_device_pool(cubuf_context_t *ctx, cubuf_resource_t **out)
 {
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
@@ -150,15 +151,24 @@ fail:
 
 /* ---- views --------------------------------------------------------------- */
 
-/* A view with an owner, made with ctx current so that the pointer is
- * described in it. On failure the owner is not released. */
+/* A view made through ctx: described with ctx current, running its work
+ * there (it holds the context), depending on `base` when given. On failure
+ * nothing is retained and the owner is not released. */
 static cubuf_status_t context_view(cubuf_context_t *ctx, CUdeviceptr ptr, size_t size,
-                                   bool need_device_access, void *owner,
+                                   bool need_device_access, cubuf_buffer_t *base, void *owner,
                                    cubuf_owner_release_fn release, const char *what,
                                    cubuf_buffer_t **out)
 {
-    cubuf_buffer_t *buf = NULL;
     cubuf_status_t st = CUBUF_SUCCESS;
+    if (base) {
+        if ((st = cubuf__buffer_check_open(base, what)) != CUBUF_SUCCESS) return st;
+        if (size && (ptr < base->ptr || size > base->size || ptr - base->ptr > base->size - size))
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                               "%s: [0x%llx, +%zu) is not inside the base buffer [0x%llx, +%zu)",
+                               what, (unsigned long long)ptr, size,
+                               (unsigned long long)base->ptr, base->size);
+    }
+    cubuf_buffer_t *buf = NULL;
     cubuf_ctx_guard_t g = {false};
     if (ptr && (st = cubuf__driver_load()) == CUBUF_SUCCESS) st = cubuf__ctx_push(ctx->handle, &g);
     if (st != CUBUF_SUCCESS) return st;
@@ -172,6 +182,8 @@ static cubuf_status_t context_view(cubuf_context_t *ctx, CUdeviceptr ptr, size_t
                            "use device, pinned (cuMemHostAlloc / cuMemHostRegister) or managed "
                            "memory", what, (unsigned long long)ptr);
     }
+    buf->view_ctx = cubuf__context_retain(ctx);
+    if (base) cubuf__buffer_attach(buf, base);
     buf->owner = owner;
     buf->owner_release = release;
     *out = buf;
@@ -179,13 +191,13 @@ static cubuf_status_t context_view(cubuf_context_t *ctx, CUdeviceptr ptr, size_t
 }
 
 cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr address, size_t size,
-                                            void *owner, cubuf_owner_release_fn release,
-                                            cubuf_buffer_t **out)
+                                            cubuf_buffer_t *base, void *owner,
+                                            cubuf_owner_release_fn release, cubuf_buffer_t **out)
 {
     static const char what[] = "cubuf_context_foreign_buffer";
     CHECK_ARG(ctx && out, "%s: NULL argument", what);
     CHECK_ARG(address || !size, "%s: address 0 with size %zu", what, size);
-    return context_view(ctx, address, size, false, owner, release, what, out);
+    return context_view(ctx, address, size, false, base, owner, release, what, out);
 }
 
 /* ---- strided views (buffer_from_object) ------------------------------------- */
@@ -228,8 +240,8 @@ overflow:
 cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
                                                  int ndim, const int64_t *shape,
                                                  const int64_t *strides, size_t itemsize,
-                                                 void *owner, cubuf_owner_release_fn release,
-                                                 cubuf_buffer_t **out)
+                                                 cubuf_buffer_t *base, void *owner,
+                                                 cubuf_owner_release_fn release, cubuf_buffer_t **out)
 {
     static const char what[] = "cubuf_context_buffer_from_strided";
     CHECK_ARG(ctx && out, "%s: NULL argument", what);
@@ -244,7 +256,7 @@ cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdevicep
     uint64_t len = 0;
     cubuf_status_t st = strided_span(ndim, shape, strides, itemsize, &lo, &len);
     if (st != CUBUF_SUCCESS) return st;
-    if (len == 0) return context_view(ctx, address, 0, false, owner, release, what, out);
+    if (len == 0) return context_view(ctx, address, 0, false, base, owner, release, what, out);
     CHECK_ARG(address != 0, "%s: address 0 with a non-empty array", what);
     uint64_t below = 0 - (uint64_t)lo; /* how far the span reaches below address */
     if (below >= address)
@@ -256,7 +268,7 @@ cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdevicep
         return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
                            "%s: the span of %llu bytes from 0x%llx passes the end of the address "
                            "space", what, (unsigned long long)len, (unsigned long long)start);
-    return context_view(ctx, start, (size_t)len, true, owner, release, what, out);
+    return context_view(ctx, start, (size_t)len, true, base, owner, release, what, out);
 }
 
 /* ---- get_device_address -------------------------------------------------- */

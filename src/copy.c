@@ -9,16 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "internal.h"
-
-CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf)
-{
-    /* A slice owns nothing itself: its memory is its parent's. */
-    for (const cubuf_buffer_t *b = buf; b; b = b->parent) {
-        if (b->resource && b->resource->ctx) return b->resource->ctx->handle;
-    }
-    return NULL;
-}
 
 /* Runs in dst's context, else src's, else the caller's current one. */
 static CUcontext copy_ctx(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
@@ -47,20 +39,22 @@ static cubuf_status_t check_location(cubuf_location_hint_t kind, int id, const c
                        "cubuf_location_hint_t", what, which, (int)kind);
 }
 
-/* The checks that need no driver: the struct, its enums, the stream kind. */
-static cubuf_status_t check_options(const cubuf_copy_options_t *o, CUstream stream, const char *what)
+/* The checks that need no driver: the struct (copied into *o, newer fields
+ * defaulted: the ABI rule of src/abi.h), its enums, the stream kind. */
+static cubuf_status_t check_options(const cubuf_copy_options_t *options, CUstream stream,
+                                    const char *what, cubuf_copy_options_t *o)
 {
-    if (o->struct_size < sizeof *o)
-        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                           "%s: options->struct_size is %zu, expected %zu; initialize with "
-                           "CUBUF_COPY_OPTIONS_INIT", what, o->struct_size, sizeof *o);
+    *o = (cubuf_copy_options_t)CUBUF_COPY_OPTIONS_INIT;
+    cubuf_status_t st = cubuf__struct_in(what, "cubuf_copy_options_t", o, sizeof *o, options,
+                                         CUBUF_COPY_OPTIONS_SIZE_V1);
+    if (st != CUBUF_SUCCESS) return st;
     if (o->src_access_order != CUBUF_SRC_ACCESS_STREAM &&
         o->src_access_order != CUBUF_SRC_ACCESS_DURING_API_CALL &&
         o->src_access_order != CUBUF_SRC_ACCESS_ANY)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: options->src_access_order %d is not a cubuf_src_access_order_t",
                            what, (int)o->src_access_order);
-    cubuf_status_t st = check_location(o->src_location, o->src_location_id, "source", what);
+    st = check_location(o->src_location, o->src_location_id, "source", what);
     if (st == CUBUF_SUCCESS)
         st = check_location(o->dst_location, o->dst_location_id, "destination", what);
     if (st != CUBUF_SUCCESS) return st;
@@ -123,109 +117,126 @@ static CUmemcpyAttributes to_attributes(const cubuf_copy_options_t *o)
     return a;
 }
 
-static cubuf_status_t no_attributed_copy(const char *what)
-{
-    return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                       "%s: src_access_order DURING_API_CALL needs the driver's attributed copy "
-                       "(cuMemcpyBatchAsync), which this driver lacks; a plain copy cannot "
-                       "honour it", what);
-}
+/* ---- DURING_API_CALL, honoured by cubuf ----------------------------------
+ *
+ * The driver does not keep this promise by itself (seen on the H200, driver
+ * 580: from 1 MiB of pageable memory onto a busy stream the call returns at
+ * once and the device gets bytes written after it), and a driver without
+ * the attributed copy has no way to ask for it. So cubuf reads the sources
+ * itself before the call returns: into one host block, by the host for
+ * memory the host reads (pageable, pinned) and by the driver on a private
+ * non-blocking stream, synchronized, for device and managed memory. The
+ * copies then go from that block in stream order, and the block is freed by
+ * a host function enqueued after them, once the device has read it. */
 
-/* One copy with options; the copy's context is current. */
-static cubuf_status_t copy_with_options(CUdeviceptr dst, CUdeviceptr src, size_t size,
-                                        CUstream stream, const cubuf_copy_options_t *o,
-                                        const char *what)
+static void CUDA_CB free_block(void *block) { free(block); }
+
+/* Reads [src, src+size) into dst now, on the host or through `side`, a
+ * private stream made on first need. */
+static cubuf_status_t read_now(void *dst, CUdeviceptr src, size_t size, CUstream *side)
 {
-    cubuf_status_t st = refuse_capture_with_options(stream, what);
-    if (st != CUBUF_SUCCESS) return st;
-    if (!cubuf__drv.cuMemcpyBatchAsync) {
-        if (o->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL) return no_attributed_copy(what);
-        /* STREAM is what a plain copy does; ANY only relaxes it. */
-        st = CU(cuMemcpyAsync, dst, src, size, stream);
-    } else {
-        CUmemcpyAttributes attr = to_attributes(o);
-        size_t first = 0;
-        st = CU(cuMemcpyBatchAsync, &dst, &src, &size, 1, &attr, &first, 1, stream);
+    unsigned int type = 0;
+    uint64_t managed = 0; /* the driver writes a bool; a wide zeroed slot reads the same */
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    void *data[] = {&type, &managed};
+    CUresult r = CU_CALL(cuPointerGetAttributes, 2, attrs, data, src);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) return cubuf__cu_status(r, "cuPointerGetAttributes");
+    if (r == CUDA_ERROR_INVALID_VALUE) type = 0;
+    if (!managed && type != CU_MEMORYTYPE_DEVICE) { /* pageable (unknown to the driver) or pinned */
+        memcpy(dst, (const void *)(uintptr_t)src, size);
+        return CUBUF_SUCCESS;
     }
-    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
-    return st;
-}
-
-/* ---- buffer copies --------------------------------------------------------- */
-
-/* Device memory of two different devices, each with its context. Such a
- * copy goes through cuMemcpyPeerAsync: with cuMemcpyAsync the driver (580)
- * refuses pool memory that the other device was not granted
- * (CUDA_ERROR_INVALID_VALUE), which is what context pools hold. */
-static bool between_devices(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
-{
-    const unsigned host = CUBUF__HOST_ACCESSIBLE | CUBUF__MANAGED;
-    const unsigned dev = CUBUF__DEVICE_ACCESSIBLE;
-    return dst->device_id >= 0 && src->device_id >= 0 && dst->device_id != src->device_id &&
-           (dst->flags & (host | dev)) == dev && (src->flags & (host | dev)) == dev &&
-           cubuf__buffer_exec_ctx(dst) && cubuf__buffer_exec_ctx(src);
-}
-
-cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
-                                      CUstream stream, const cubuf_copy_options_t *options)
-{
-    static const char what[] = "cubuf_buffer_copy_from";
-    CHECK_ARG(dst && src, "%s: NULL buffer", what);
-    if (dst->closed || src->closed)
-        return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the %s buffer is closed", what,
-                           dst->closed ? "destination" : "source");
-    if (dst->size != src->size)
-        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                           "%s: sizes differ (destination %zu bytes, source %zu bytes)", what,
-                           dst->size, src->size);
     cubuf_status_t st;
-    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) return st;
-    size_t size = src->size;
-    if (size == 0) return CUBUF_SUCCESS;
-    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
-    cubuf_ctx_guard_t g;
-    if ((st = cubuf__ctx_push(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
-    if (!options && between_devices(dst, src)) {
-        st = CU(cuMemcpyPeerAsync, dst->ptr, cubuf__buffer_exec_ctx(dst), src->ptr,
-                cubuf__buffer_exec_ctx(src), size, stream);
-        if (st != CUBUF_SUCCESS)
-            cubuf__detail_append("%s of %zu bytes from device %d to device %d", what, size,
-                                 src->device_id, dst->device_id);
-    } else if (!options) {
-        st = CU(cuMemcpyAsync, dst->ptr, src->ptr, size, stream);
-        if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
-    } else {
-        st = copy_with_options(dst->ptr, src->ptr, size, stream, options, what);
-    }
-    cubuf__ctx_pop(&g);
-    return st;
+    if (!*side && (st = CU(cuStreamCreate, side, CU_STREAM_NON_BLOCKING)) != CUBUF_SUCCESS) return st;
+    if ((st = CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst, src, size, *side)) != CUBUF_SUCCESS)
+        return st;
+    return CU(cuStreamSynchronize, *side);
 }
 
-cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t **dst,
-                                    CUstream stream, const cubuf_copy_options_t *options)
+/* The sources of the non-empty copies, read into one block now; *staged
+ * becomes the same copies from that block (an array of `n` in the block's
+ * head). The caller frees the block (free_block) after the copies ran. */
+static cubuf_status_t stage_sources(const cubuf_copy_t *copies, size_t count, size_t n,
+                                    const char *what, void **block, cubuf_copy_t **staged)
 {
-    static const char what[] = "cubuf_buffer_copy_to";
-    CHECK_ARG(src && dst, "%s: NULL argument", what);
-    if (*dst) return cubuf_buffer_copy_from(*dst, src, stream, options);
-    cubuf_status_t st = cubuf__buffer_check_open(src, what);
-    if (st != CUBUF_SUCCESS) return st;
-    if (!src->resource)
-        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                           "%s: no destination was given and the source has no memory resource "
-                           "to allocate one from", what);
-    /* Refuse bad options before allocating anything. */
-    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) return st;
-    cubuf_buffer_t *out = NULL;
-    if ((st = cubuf_resource_allocate(src->resource, src->size, stream, &out)) != CUBUF_SUCCESS)
-        return st;
-    if ((st = cubuf_buffer_copy_from(out, src, stream, options)) != CUBUF_SUCCESS) {
-        /* Freed on `stream`, after whatever part of the copy was enqueued. */
-        cubuf_buffer_release(out);
+    size_t total = n * sizeof(cubuf_copy_t);
+    for (size_t i = 0; i < count; i++)
+        if (__builtin_add_overflow(total, copies[i].size, &total))
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: the copies' sizes overflow", what);
+    unsigned char *b = malloc(total);
+    if (!b)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
+                           "%s: cannot allocate %zu bytes of host memory to read the source "
+                           "during the call (DURING_API_CALL)", what, total);
+    cubuf_copy_t *list = (cubuf_copy_t *)(void *)b;
+    unsigned char *at = b + n * sizeof(cubuf_copy_t);
+    CUstream side = NULL;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    size_t k = 0;
+    for (size_t i = 0; i < count && st == CUBUF_SUCCESS; i++) {
+        if (!copies[i].size) continue;
+        st = read_now(at, copies[i].src, copies[i].size, &side);
+        list[k++] = (cubuf_copy_t){copies[i].dst, (CUdeviceptr)(uintptr_t)at, copies[i].size};
+        at += copies[i].size;
+    }
+    if (side) {
+        CUresult r = CU_CALL(cuStreamDestroy, side);
+        if (r != CUDA_SUCCESS && st == CUBUF_SUCCESS) st = cubuf__cu_status(r, "cuStreamDestroy");
+    }
+    if (st != CUBUF_SUCCESS) {
+        cubuf__detail_append("%s: reading the source during the call", what);
+        free(b);
         return st;
     }
-    *dst = out;
+    *block = b;
+    *staged = list;
     return CUBUF_SUCCESS;
 }
+
+static cubuf_status_t enqueue(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                              CUstream stream, const cubuf_copy_options_t *options, size_t *failed);
+
+/* The copies with DURING_API_CALL: staged, then enqueued in stream order with
+ * the options' other hints. If the host function that frees the block cannot
+ * be enqueued, the stream is synchronized and the block freed here. */
+static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                                       CUstream stream, const cubuf_copy_options_t *options,
+                                       const char *what, size_t *failed)
+{
+    void *block = NULL;
+    cubuf_copy_t *staged = NULL;
+    cubuf_status_t st = stage_sources(copies, count, nonempty, what, &block, &staged);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_copy_options_t o = *options;
+    o.src_access_order = CUBUF_SRC_ACCESS_STREAM;
+    o.src_location = CUBUF_LOCATION_HOST;
+    size_t staged_failed = nonempty;
+    if ((st = enqueue(staged, nonempty, nonempty, stream, &o, &staged_failed)) != CUBUF_SUCCESS) {
+        /* Plain copies enqueued before the failed one still read the block. */
+        if (staged_failed > 0 && staged_failed < nonempty &&
+            CU_CALL(cuStreamSynchronize, stream) != CUDA_SUCCESS) {
+            cubuf__warn(st, "%s: staging memory leaks (the stream could not be synchronized "
+                        "after a failed copy)", what);
+            return st;
+        }
+        if (failed && staged_failed < nonempty) { /* the caller's index of that copy */
+            for (size_t i = 0, k = 0; i < count; i++)
+                if (copies[i].size && k++ == staged_failed) *failed = i;
+        }
+        free(block);
+        return st;
+    }
+    if (CU_CALL(cuLaunchHostFunc, stream, free_block, block) == CUDA_SUCCESS) return CUBUF_SUCCESS;
+    if (CU_CALL(cuStreamSynchronize, stream) == CUDA_SUCCESS) {
+        free(block);
+        return CUBUF_SUCCESS; /* the copies ran */
+    }
+    cubuf__warn(CUBUF_ERROR_DRIVER, "%s: staging memory leaks (neither a host function nor a "
+                "synchronization could order its free)", what);
+    return CUBUF_SUCCESS;
+}
+
+/* ---- enqueueing ------------------------------------------------------------ */
 
 /* ---- batches --------------------------------------------------------------- */
 
@@ -321,6 +332,36 @@ static cubuf_status_t batch_can_use_driver(CUstream stream, bool *use)
     return st;
 }
 
+/* Enqueues the non-empty copies on `stream`, in the current context. With
+ * options: through cuMemcpyBatchAsync (or, where the driver lacks it,
+ * STREAM and ANY as plain copies: ANY only relaxes the order). Without: a
+ * batch where it gains something and is allowed, else plain copies. On
+ * failure *failed is the index of a failed plain copy, else left alone. */
+static cubuf_status_t enqueue(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                              CUstream stream, const cubuf_copy_options_t *options, size_t *failed)
+{
+    bool use_driver = options && cubuf__drv.cuMemcpyBatchAsync;
+    cubuf_status_t st;
+    /* A lone copy gains nothing from the batch entry point. */
+    if (!options && nonempty > 1 && (st = batch_can_use_driver(stream, &use_driver)) != CUBUF_SUCCESS)
+        return st;
+    return use_driver ? batch_driver(copies, count, nonempty, stream, options)
+                      : batch_plain(copies, count, stream, failed);
+}
+
+/* Copies with options, the copy's context current: refused on a capturing
+ * stream, DURING_API_CALL honoured by cubuf, the rest enqueued as is. */
+static cubuf_status_t copy_with_options(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                                        CUstream stream, const cubuf_copy_options_t *o,
+                                        const char *what, size_t *failed)
+{
+    cubuf_status_t st = refuse_capture_with_options(stream, what);
+    if (st != CUBUF_SUCCESS) return st;
+    if (o->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL)
+        return copy_during_call(copies, count, nonempty, stream, o, what, failed);
+    return enqueue(copies, count, nonempty, stream, o, failed);
+}
+
 cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
                                 const cubuf_copy_options_t *options, size_t *failed_index)
 {
@@ -333,7 +374,8 @@ cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstre
         st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: copies is NULL", what);
         goto done;
     }
-    if (options && (st = check_options(options, stream, what)) != CUBUF_SUCCESS) goto done;
+    cubuf_copy_options_t o;
+    if (options && (st = check_options(options, stream, what, &o)) != CUBUF_SUCCESS) goto done;
     for (size_t i = 0; i < count; i++) {
         if (!copies[i].size) continue;
         if (!copies[i].dst || !copies[i].src) {
@@ -347,25 +389,101 @@ cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstre
     }
     if (nonempty == 0) goto done;
     if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) goto done;
-    if (options) {
-        if ((st = refuse_capture_with_options(stream, what)) != CUBUF_SUCCESS) goto done;
-        if (cubuf__drv.cuMemcpyBatchAsync) {
-            st = batch_driver(copies, count, nonempty, stream, options);
-        } else if (options->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL) {
-            st = no_attributed_copy(what);
-        } else {
-            st = batch_plain(copies, count, stream, &failed);
-        }
-        goto done;
-    }
-    /* A lone copy gains nothing from the batch entry point. */
-    bool use_driver = false;
-    if (nonempty > 1 && (st = batch_can_use_driver(stream, &use_driver)) != CUBUF_SUCCESS) goto done;
-    st = use_driver ? batch_driver(copies, count, nonempty, stream, NULL)
-                    : batch_plain(copies, count, stream, &failed);
+    st = options ? copy_with_options(copies, count, nonempty, stream, &o, what, &failed)
+                 : enqueue(copies, count, nonempty, stream, NULL, &failed);
 done:
     if (st != CUBUF_SUCCESS && failed_index) *failed_index = failed;
     return st;
+}
+
+/* ---- buffer copies --------------------------------------------------------- */
+
+/* Device memory of two different devices, each with its context. Such a
+ * copy goes through cuMemcpyPeerAsync: with cuMemcpyAsync the driver (580)
+ * refuses pool memory that the other device was not granted
+ * (CUDA_ERROR_INVALID_VALUE), which is what context pools hold. */
+static bool between_devices(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)
+{
+    const unsigned host = CUBUF__HOST_ACCESSIBLE | CUBUF__MANAGED;
+    const unsigned dev = CUBUF__DEVICE_ACCESSIBLE;
+    return dst->device_id >= 0 && src->device_id >= 0 && dst->device_id != src->device_id &&
+           (dst->flags & (host | dev)) == dev && (src->flags & (host | dev)) == dev &&
+           cubuf__buffer_exec_ctx(dst) && cubuf__buffer_exec_ctx(src);
+}
+
+cubuf_status_t cubuf_buffer_copy_from(cubuf_buffer_t *dst, const cubuf_buffer_t *src,
+                                      CUstream stream, const cubuf_copy_options_t *options)
+{
+    static const char what[] = "cubuf_buffer_copy_from";
+    CHECK_ARG(dst && src, "%s: NULL buffer", what);
+    if (dst->closed || src->closed)
+        return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the %s buffer is closed", what,
+                           dst->closed ? "destination" : "source");
+    if (dst->size != src->size)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: sizes differ (destination %zu bytes, source %zu bytes)", what,
+                           dst->size, src->size);
+    cubuf_status_t st;
+    cubuf_copy_options_t o;
+    if (options && (st = check_options(options, stream, what, &o)) != CUBUF_SUCCESS) return st;
+    size_t size = src->size;
+    if (size == 0) return CUBUF_SUCCESS;
+    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(copy_ctx(dst, src), &g)) != CUBUF_SUCCESS) return st;
+    if (!options && between_devices(dst, src)) {
+        st = CU(cuMemcpyPeerAsync, dst->ptr, cubuf__buffer_exec_ctx(dst), src->ptr,
+                cubuf__buffer_exec_ctx(src), size, stream);
+        if (st != CUBUF_SUCCESS)
+            cubuf__detail_append("%s of %zu bytes from device %d to device %d", what, size,
+                                 src->device_id, dst->device_id);
+    } else if (!options) {
+        st = CU(cuMemcpyAsync, dst->ptr, src->ptr, size, stream);
+        if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
+    } else {
+        const cubuf_copy_t one = {dst->ptr, src->ptr, size};
+        st = copy_with_options(&one, 1, 1, stream, &o, what, NULL);
+        if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, size);
+    }
+    cubuf__ctx_pop(&g);
+    return st;
+}
+
+cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_buffer_t *dst,
+                                    CUstream stream, const cubuf_copy_options_t *options)
+{
+    CHECK_ARG(src && dst, "cubuf_buffer_copy_to: NULL buffer");
+    return cubuf_buffer_copy_from(dst, src, stream, options);
+}
+
+cubuf_status_t cubuf_buffer_copy_to_new(const cubuf_buffer_t *src, CUstream stream,
+                                        const cubuf_copy_options_t *options, cubuf_buffer_t **out)
+{
+    static const char what[] = "cubuf_buffer_copy_to_new";
+    CHECK_ARG(src && out, "%s: NULL argument", what);
+    cubuf_status_t st = cubuf__buffer_check_open(src, what);
+    if (st != CUBUF_SUCCESS) return st;
+    /* A slice's or a based view's memory is its root's: allocate from there. */
+    const cubuf_buffer_t *root = src;
+    while (!root->resource && root->parent) root = root->parent;
+    if (!root->resource)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: the source is a view that no memory resource owns; there is "
+                           "nothing to allocate the copy from (use cubuf_buffer_copy_to with a "
+                           "destination)", what);
+    /* Refuse bad options before allocating anything. */
+    cubuf_copy_options_t o;
+    if (options && (st = check_options(options, stream, what, &o)) != CUBUF_SUCCESS) return st;
+    cubuf_buffer_t *buf = NULL;
+    if ((st = cubuf_resource_allocate(root->resource, src->size, stream, &buf)) != CUBUF_SUCCESS)
+        return st;
+    if ((st = cubuf_buffer_copy_from(buf, src, stream, options)) != CUBUF_SUCCESS) {
+        /* Freed on `stream`, after whatever part of the copy was enqueued. */
+        cubuf_buffer_release(buf);
+        return st;
+    }
+    *out = buf;
+    return CUBUF_SUCCESS;
 }
 
 /* ---- fills ----------------------------------------------------------------- */

@@ -20,6 +20,35 @@ const char *cubuf__drv_name(cubuf_drv_id_t id)
     return (unsigned)id < CUBUF_DRV_COUNT ? drv_names[id] : "?";
 }
 
+/* Each entry's version; required ones positive, optional ones negative. */
+static const int drv_versions[] = {
+#define CUBUF_DRV_REQ_V_(name, version) version,
+#define CUBUF_DRV_OPT_V_(name, version) -(version),
+    CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_V_, CUBUF_DRV_OPT_V_)
+#undef CUBUF_DRV_REQ_V_
+#undef CUBUF_DRV_OPT_V_
+};
+
+int cubuf__driver_floor(const char **entry)
+{
+    int floor = 0, at = 0;
+    for (int i = 0; i < CUBUF_DRV_COUNT; i++)
+        if (drv_versions[i] > floor) floor = drv_versions[at = i];
+    if (entry) *entry = drv_names[at];
+    return floor;
+}
+
+int cubuf_driver_min_version(void) { return cubuf__driver_floor(NULL); }
+
+cubuf_status_t cubuf__drv_absent(cubuf_drv_id_t id)
+{
+    int v = cubuf__drv.version, need = -drv_versions[id];
+    return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                       "%s is not available: it needs a CUDA %d.%d driver, this one is %d.%d",
+                       cubuf__drv_name(id), need / 1000, need % 1000 / 10, v / 1000,
+                       v % 1000 / 10);
+}
+
 cubuf_drv_id_t cubuf__drv_lookup(const char *name)
 {
     for (int i = 0; i < CUBUF_DRV_COUNT; i++)
@@ -72,32 +101,32 @@ static void load(void)
         return; /* lib stays loaded: unloading a driver is never safe */
     }
     /* The driver's version first: it decides which entry points exist. */
-    PFN_cuDriverGetVersion_v2020 get_version = NULL;
     int version = 0;
     CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
-    if (get_proc("cuDriverGetVersion", (void **)&get_version, 2020, CU_GET_PROC_ADDRESS_DEFAULT,
-                 &q) != CUDA_SUCCESS ||
-        !get_version || get_version(&version) != CUDA_SUCCESS)
+    if (get_proc("cuDriverGetVersion", (void **)&cubuf__drv.cuDriverGetVersion, 2020,
+                 CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS ||
+        !cubuf__drv.cuDriverGetVersion || cubuf__drv.cuDriverGetVersion(&version) != CUDA_SUCCESS)
         version = 0;
+    const char *needs = NULL;
+    const int floor = cubuf__driver_floor(&needs);
+    if (version < floor) {
+        snprintf(load_detail, sizeof load_detail,
+                 "the CUDA driver %s is version %d.%d (%d); cubuf needs %d.%d (%d) or newer, for "
+                 "%s", path, version / 1000, version % 1000 / 10, version, floor / 1000,
+                 floor % 1000 / 10, floor, needs);
+        load_status = CUBUF_ERROR_NO_DRIVER;
+        return;
+    }
     cubuf_status_t st = CUBUF_SUCCESS;
-    if (version >= CUBUF_DRIVER_MIN) {
 #define CUBUF_DRV_REQ_(name, v) \
     if (st == CUBUF_SUCCESS) st = resolve(get_proc, version, #name, v, (void **)&cubuf__drv.name, true);
 #define CUBUF_DRV_OPT_(name, v) \
     if (st == CUBUF_SUCCESS) st = resolve(get_proc, version, #name, v, (void **)&cubuf__drv.name, false);
-        CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_, CUBUF_DRV_OPT_)
+    CUBUF_DRIVER_ENTRIES(CUBUF_DRV_REQ_, CUBUF_DRV_OPT_)
 #undef CUBUF_DRV_REQ_
 #undef CUBUF_DRV_OPT_
-    }
     if (st != CUBUF_SUCCESS) {
         load_status = st;
-        return;
-    }
-    if (version < CUBUF_DRIVER_MIN) {
-        snprintf(load_detail, sizeof load_detail,
-                 "the CUDA driver is version %d.%d; cubuf needs %d.%d or newer", version / 1000,
-                 version % 1000 / 10, CUBUF_DRIVER_MIN / 1000, CUBUF_DRIVER_MIN % 1000 / 10);
-        load_status = CUBUF_ERROR_NO_DRIVER;
         return;
     }
     cubuf__drv.version = version;

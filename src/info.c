@@ -17,13 +17,12 @@ static cubuf_status_t granularity(CUdevice dev, CUmemAllocationGranularity_flags
 cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info)
 {
     CHECK_ARG(info, "cubuf_device_get_info: info is NULL");
-    CHECK_ARG(info->struct_size == sizeof *info,
-              "cubuf_device_get_info: info->struct_size is %zu, expected %zu "
-              "(use CUBUF_DEVICE_INFO_INIT)",
-              info->struct_size, sizeof *info);
-    CUdevice dev;
-    cubuf_status_t st = cubuf__device_get(ordinal, &dev);
+    cubuf_status_t st = cubuf__struct_check("cubuf_device_get_info", "cubuf_device_info_t",
+                                            info->struct_size, CUBUF_DEVICE_INFO_SIZE_V1,
+                                            sizeof *info);
     if (st != CUBUF_SUCCESS) return st;
+    CUdevice dev;
+    if ((st = cubuf__device_get(ordinal, &dev)) != CUBUF_SUCCESS) return st;
     cubuf_device_info_t d = CUBUF_DEVICE_INFO_INIT;
     d.ordinal = ordinal;
     int v = 0;
@@ -54,7 +53,7 @@ cubuf_status_t cubuf_device_get_info(int ordinal, cubuf_device_info_t *info)
         CHECK(granularity(dev, CU_MEM_ALLOC_GRANULARITY_MINIMUM, &d.granularity_minimum));
         CHECK(granularity(dev, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, &d.granularity_recommended));
     }
-    *info = d;
+    cubuf__struct_out(info, &d, sizeof d);
     return CUBUF_SUCCESS;
 fail:
     cubuf__detail_append("device %d", ordinal);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "cubuf.h"
+#include "abi.h"
 #include "driver.h"
 
 /* ---- errors (error.c) ---------------------------------------------------- */
@@ -93,11 +94,12 @@ static inline bool cubuf__stream_is_default(CUstream s)
 {
     return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
-/* Records `s`; a default stream binds to the current context, else to `fallback`.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT when neither exists. *current (may be
- * NULL) tells whether the bound context is the current one. */
-cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback,
-                                    bool *current);
+/* Records `s`. A default stream binds to `own`, the context the memory
+ * belongs to (cubuf__buffer_exec_ctx), and only when there is none to the
+ * caller's current context; the work a caller orders on "stream 0" runs in
+ * that same context (cubuf.h, "Default streams"). Returns
+ * CUBUF_ERROR_INVALID_ARGUMENT when neither exists, CUBUF_ERROR_NO_DRIVER. */
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext own);
 /* Capture status of a stream (default streams queried inside `ctx`). A
  * default stream whose query reports an implicit dependency on a capturing
  * stream reads as CU_STREAM_CAPTURE_STATUS_ACTIVE. */
@@ -254,7 +256,9 @@ struct cubuf_buffer {
     cubuf_stream_token_t dealloc;
     void *owner;
     cubuf_owner_release_fn owner_release;
-    cubuf_buffer_t *parent;     /* slices: retained parent */
+    cubuf_buffer_t *parent;     /* slices and views with a base: the retained root buffer */
+    cubuf_context_t *view_ctx;  /* views made through a context: that context (retained) */
+    atomic_int open_slices;     /* roots: open buffers whose parent this is (close refuses) */
     void *impl;                 /* resource-private (a VMM range, an IPC import) */
 };
 
@@ -290,6 +294,8 @@ static inline void cubuf__buffer_init(cubuf_buffer_t *buf)
     buf->owner = NULL;
     buf->owner_release = NULL;
     buf->parent = NULL;
+    buf->view_ctx = NULL;
+    atomic_init(&buf->open_slices, 0);
     buf->impl = NULL;
 }
 
@@ -322,9 +328,25 @@ static inline void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_res
 /* Returns CUBUF_ERROR_CLOSED (naming `what`) if buf is closed. */
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what);
 
-/* ---- copies (copy.c) ------------------------------------------------------- */
+/* Records `t` as buf's deallocation stream (through the resource's
+ * set_token where it has one). */
+void cubuf__buffer_set_token(cubuf_buffer_t *buf, const cubuf_stream_token_t *t);
+/* Makes `buf` a dependent of `root` (a slice, or a view with a base): buf
+ * retains root and counts as one of its open slices until buf closes. */
+void cubuf__buffer_attach(cubuf_buffer_t *buf, cubuf_buffer_t *root);
 
-/* The context copies and fills of `buf` run in. */
-CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf);
+/* The context a buffer belongs to: its resource's (for a slice or a view
+ * with a base: its root's), else the context a view was made through; NULL
+ * for views of no context and user resources. Work on the buffer runs in
+ * it and a default stream means that context's default stream (cubuf.h,
+ * "Default streams"). Inline: every copy and fill asks. */
+static inline CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf)
+{
+    for (const cubuf_buffer_t *b = buf; b; b = b->parent) {
+        if (b->resource && b->resource->ctx) return b->resource->ctx->handle;
+        if (b->view_ctx) return b->view_ctx->handle;
+    }
+    return NULL;
+}
 
 #endif

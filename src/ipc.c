@@ -274,13 +274,19 @@ typedef struct pool_entry {
     unsigned refs;         /* pointers imported from it */
     uint64_t access_mask;  /* devices < 64 known to have read-write access */
     bool kept;             /* a device was granted access: never destroyed (see keep_pool_import) */
+    bool dying;            /* its last pointer is closed: being destroyed (see retire_pool_import) */
     pool_ptr_t *ptrs;
 } pool_entry_t;
 
-/* The registry of imported pools. Driver calls on these pools run under the
- * lock: imports are rare, and it keeps import and close atomic. */
+/* The registry of imported pools. Import and the frees of close run their
+ * driver calls under the lock (none of them waits for the device), which
+ * keeps them atomic; nothing that waits for a stream runs under it, so one
+ * slow stream never stalls the imports and closes of other pools. */
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Signalled when a dying entry leaves the registry. */
+static pthread_cond_t pools_gone = PTHREAD_COND_INITIALIZER;
 static pool_entry_t *pools;
+static unsigned pools_waiting; /* imports waiting for a dying entry (cubuf__ipc_pool_imports_waiting) */
 
 /* What an imported buffer's resource owns. */
 typedef struct ipc_import {
@@ -405,7 +411,15 @@ static cubuf_status_t import_pool(const cubuf_context_t *c, const cubuf_ipc_desc
 {
     cubuf_status_t st = CUBUF_SUCCESS;
     pthread_mutex_lock(&pools_lock);
-    pool_entry_t *e = find_pool(d->pool_id);
+    pool_entry_t *e;
+    /* A dying import of this pool is never used again: wait until it is
+     * destroyed, then import the pool afresh (two live imports of one pool
+     * in one process are not something the driver documents). */
+    while ((e = find_pool(d->pool_id)) && e->dying) {
+        pools_waiting++;
+        pthread_cond_wait(&pools_gone, &pools_lock);
+        pools_waiting--;
+    }
     bool new_entry = false;
     if (!e) {
         e = calloc(1, sizeof *e);
@@ -686,6 +700,41 @@ static cubuf_status_t imported_legacy_deallocate(cubuf_resource_t *res, cubuf_bu
     return st;
 }
 
+/* Destroys a pool import whose last pointer was just freed on `token` and
+ * which is marked dying (no import uses it any more; an import of the same
+ * pool waits in import_pool), outside the registry lock, then takes it out
+ * of the registry.
+ * The free must have completed before the pool import goes: the driver
+ * (580, CUDA 13.0 on an H200) never releases an imported pool destroyed
+ * while a free into it is pending. Its fd and its mapping of the exporter's
+ * memory stay until the process exits, whatever runs later. Once the free
+ * has run, cuMemPoolDestroy gives both back at once. The synchronization
+ * may take as long as the work queued on that stream: only the imports of
+ * this same pool wait for it. */
+static void retire_pool_import(pool_entry_t *e, const cubuf_stream_token_t *token)
+{
+    cubuf_status_t ss = cubuf__stream_sync(token);
+    if (ss != CUBUF_SUCCESS)
+        cubuf__warn(ss, "closing the last buffer of an imported pool: synchronizing the "
+                        "deallocation stream failed (%s); the pool import may stay until "
+                        "the process exits",
+                    cubuf_last_error());
+    destroy_pool_import(e);
+    pthread_mutex_lock(&pools_lock);
+    unlink_pool(e);
+    pthread_cond_broadcast(&pools_gone);
+    pthread_mutex_unlock(&pools_lock);
+    free(e);
+}
+
+unsigned cubuf__ipc_pool_imports_waiting(void)
+{
+    pthread_mutex_lock(&pools_lock);
+    unsigned n = pools_waiting;
+    pthread_mutex_unlock(&pools_lock);
+    return n;
+}
+
 static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                const cubuf_stream_token_t *token)
 {
@@ -697,6 +746,7 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
     pthread_mutex_lock(&pools_lock);
     pool_entry_t *e = imp->pool;
     pool_ptr_t *p = imp->pool_ptr;
+    bool retire = false;
     if (p->refs == 1) {
         cubuf_ctx_guard_t g = {false};
         st = cubuf__ctx_push(cx, &g);
@@ -705,26 +755,10 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
         if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
         unlink_ptr(e, p);
         free(p);
-        if (--e->refs == 0 && !keep_pool_import(e)) {
-            /* The free must have completed before the pool import goes:
-             * the driver (580, CUDA 13.0 on an H200) never releases an
-             * imported pool destroyed while a free into it is pending. Its
-             * fd and its mapping of the exporter's memory stay until the
-             * process exits, whatever runs later. Once the free has run,
-             * cuMemPoolDestroy gives both back at once. Held under the lock,
-             * so a concurrent import of this pool waits and imports it
-             * afresh. A pool import that needed an access grant (pinned
-             * pools) is never destroyed: see keep_pool_import. */
-            cubuf_status_t ss = cubuf__stream_sync(token);
-            if (ss != CUBUF_SUCCESS)
-                cubuf__warn(ss, "closing the last buffer of an imported pool: synchronizing the "
-                                "deallocation stream failed (%s); the pool import may stay until "
-                                "the process exits",
-                            cubuf_last_error());
-            destroy_pool_import(e);
-            unlink_pool(e);
-            free(e);
-        }
+        /* A pool import that needed an access grant (pinned pools) is
+         * never destroyed: see keep_pool_import. */
+        retire = --e->refs == 0 && !keep_pool_import(e);
+        if (retire) e->dying = true;
     } else {
         p->refs--;
     }
@@ -733,23 +767,33 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
     imp->pool_ptr = NULL;
 out:
     pthread_mutex_unlock(&pools_lock);
+    if (retire) retire_pool_import(e, token);
     return st;
 }
+
+/* An imported resource holds one import, the one its buffer maps: any
+ * other pointer handed to it would be "freed" by undoing that import. */
+static const char imported_no_adopt[] =
+    "an imported IPC resource frees only the mapping it imported (close the imported buffer "
+    "instead)";
 
 static const cubuf_resource_vtbl_t imported_pool_vtbl = {
     .allocate = imported_allocate,
     .deallocate = imported_pool_deallocate,
     .destroy = imported_destroy,
+    .no_adopt = imported_no_adopt,
 };
 static const cubuf_resource_vtbl_t imported_vmm_vtbl = {
     .allocate = imported_allocate,
     .deallocate = imported_vmm_deallocate,
     .destroy = imported_destroy,
+    .no_adopt = imported_no_adopt,
 };
 static const cubuf_resource_vtbl_t imported_legacy_vtbl = {
     .allocate = imported_allocate,
     .deallocate = imported_legacy_deallocate,
     .destroy = imported_destroy,
+    .no_adopt = imported_no_adopt,
 };
 
 /* ---- import ---- */
@@ -779,11 +823,12 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
                                                 cubuf_buffer_t **out)
 {
     CHECK_ARG(desc && out, "cubuf_buffer_from_ipc_descriptor: NULL argument");
-    CHECK_ARG(!options || options->struct_size >= sizeof *options,
-              "cubuf_buffer_from_ipc_descriptor: options->struct_size is wrong; use "
-              "CUBUF_IPC_IMPORT_OPTIONS_INIT");
     cubuf_ipc_import_options_t o = CUBUF_IPC_IMPORT_OPTIONS_INIT;
-    if (options) o = *options;
+    cubuf_status_t ost;
+    if (options && (ost = cubuf__struct_in("cubuf_buffer_from_ipc_descriptor",
+                                           "cubuf_ipc_import_options_t", &o, sizeof o, options,
+                                           CUBUF_IPC_IMPORT_OPTIONS_SIZE_V1)) != CUBUF_SUCCESS)
+        return ost;
     CHECK_ARG(o.access == CUBUF_IPC_ACCESS_READ_WRITE || o.access == CUBUF_IPC_ACCESS_READ,
               "cubuf_buffer_from_ipc_descriptor: unknown access %d", (int)o.access);
     cubuf_status_t st = cubuf__ipc_desc_validate(desc);
@@ -811,7 +856,7 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
         goto fail;
     }
     CHECK(cubuf__ctx_push(c->handle, &g));
-    CHECK(cubuf__stream_record(&buf->dealloc, stream, c->handle, NULL));
+    CHECK(cubuf__stream_record(&buf->dealloc, stream, c->handle));
     switch (desc->mechanism) {
     case CUBUF_IPC_MECHANISM_POOL: CHECK(import_pool(c, desc, imp)); break;
     case CUBUF_IPC_MECHANISM_VMM: CHECK(import_vmm(c, o.access, desc, imp)); break;

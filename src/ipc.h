@@ -42,4 +42,9 @@ cubuf_status_t cubuf__ipc_desc_new(cubuf_ipc_mechanism_t mechanism, size_t nfds,
  * Import runs it again on descriptors that did not come from the wire. */
 cubuf_status_t cubuf__ipc_desc_validate(const cubuf_ipc_descriptor_t *desc);
 
+/* How many imports are waiting right now for a dying import of their pool
+ * to be destroyed (ipc.c, import_pool). For tests: the moment an import
+ * races a close. */
+unsigned cubuf__ipc_pool_imports_waiting(void);
+
 #endif

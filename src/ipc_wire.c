@@ -105,16 +105,19 @@ cubuf_status_t cubuf_ipc_descriptor_info(const cubuf_ipc_descriptor_t *desc,
                                          cubuf_ipc_descriptor_info_t *info)
 {
     CHECK_ARG(desc && info, "cubuf_ipc_descriptor_info: NULL argument");
-    CHECK_ARG(info->struct_size >= sizeof *info,
-              "cubuf_ipc_descriptor_info: info->struct_size is %zu; use CUBUF_IPC_DESCRIPTOR_INFO_INIT",
-              info->struct_size);
-    info->mechanism = desc->mechanism;
-    info->size = desc->size;
-    info->offset = desc->offset;
-    info->extent = desc->extent;
-    info->fd_count = desc->nfds;
-    info->chunk_count = desc->nchunks;
-    info->host_accessible = (desc->flags & CUBUF__IPC_FLAG_HOST_ACCESSIBLE) != 0;
+    cubuf_status_t st = cubuf__struct_check("cubuf_ipc_descriptor_info",
+                                            "cubuf_ipc_descriptor_info_t", info->struct_size,
+                                            CUBUF_IPC_DESCRIPTOR_INFO_SIZE_V1, sizeof *info);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_ipc_descriptor_info_t d = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+    d.mechanism = desc->mechanism;
+    d.size = desc->size;
+    d.offset = desc->offset;
+    d.extent = desc->extent;
+    d.fd_count = desc->nfds;
+    d.chunk_count = desc->nchunks;
+    d.host_accessible = (desc->flags & CUBUF__IPC_FLAG_HOST_ACCESSIBLE) != 0;
+    cubuf__struct_out(info, &d, sizeof d);
     return CUBUF_SUCCESS;
 }
 
@@ -668,10 +671,12 @@ cubuf_status_t cubuf_ipc_recv(int socket, const cubuf_ipc_recv_options_t *option
 {
     CHECK_ARG(out, "cubuf_ipc_recv: out is NULL");
     CHECK_ARG(socket >= 0, "cubuf_ipc_recv: socket %d is not a file descriptor", socket);
-    CHECK_ARG(!options || options->struct_size >= sizeof *options,
-              "cubuf_ipc_recv: options->struct_size is wrong; use CUBUF_IPC_RECV_OPTIONS_INIT");
     cubuf_ipc_recv_options_t o = CUBUF_IPC_RECV_OPTIONS_INIT;
-    if (options) o = *options;
+    cubuf_status_t ost;
+    if (options && (ost = cubuf__struct_in("cubuf_ipc_recv", "cubuf_ipc_recv_options_t", &o,
+                                           sizeof o, options, CUBUF_IPC_RECV_OPTIONS_SIZE_V1)) !=
+                       CUBUF_SUCCESS)
+        return ost;
     int type = 0;
     socklen_t tl = sizeof type;
     if (getsockopt(socket, SOL_SOCKET, SO_TYPE, &type, &tl) != 0) {

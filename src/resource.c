@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "internal.h"
+#include "resource_pool.h"
 
 /* References and statistics change with every allocation and free, from
  * any thread. They share one spin lock rather than being separate atomics:
@@ -83,48 +85,70 @@ void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes)
 cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props)
 {
     CHECK_ARG(res && props, "cubuf_resource_props: NULL argument");
-    CHECK_ARG(props->struct_size >= sizeof *props,
-              "cubuf_resource_props: props->struct_size is %zu; use CUBUF_RESOURCE_PROPS_INIT",
-              props->struct_size);
-    *props = res->props;
+    cubuf_status_t st = cubuf__struct_check("cubuf_resource_props", "cubuf_resource_props_t",
+                                            props->struct_size, CUBUF_RESOURCE_PROPS_SIZE_V1,
+                                            sizeof *props);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf__struct_out(props, &res->props, sizeof *props);
     return CUBUF_SUCCESS;
 }
 
 cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_stats_t *stats)
 {
+    static const char fn[] = "cubuf_resource_stats";
     CHECK_ARG(res && stats, "cubuf_resource_stats: NULL argument");
+    cubuf_status_t st = cubuf__struct_check(fn, "cubuf_resource_stats_t", stats->struct_size,
+                                            CUBUF_RESOURCE_STATS_SIZE_V1, sizeof *stats);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
+    /* The pool figures are driver queries: made only for a caller with room for them. */
+    if (stats->struct_size > CUBUF_RESOURCE_STATS_SIZE_V1 &&
+        (st = cubuf__pool_usage(res, &s)) != CUBUF_SUCCESS)
+        return st;
     cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
     cubuf__resource_lock(r);
-    stats->current_bytes = r->cur_bytes;
-    stats->peak_bytes = r->peak_bytes;
-    stats->current_count = r->cur_count;
-    stats->peak_count = r->peak_count;
-    stats->total_allocations = r->total;
+    s.current_bytes = r->cur_bytes;
+    s.peak_bytes = r->peak_bytes;
+    s.current_count = r->cur_count;
+    s.peak_count = r->peak_count;
+    s.total_allocations = r->total;
     cubuf__resource_unlock(r);
+    cubuf__struct_out(stats, &s, sizeof s);
     return CUBUF_SUCCESS;
 }
 
+/* A default stream is the default stream of the resource's context (of the
+ * caller's current context for a user resource, which has none): the
+ * allocation, the work the caller orders on "stream 0" (copies and fills
+ * run in the resource's context too) and the free share one stream, whatever
+ * the caller has current. When that context is current, the allocation
+ * takes the hot path; otherwise the resource pushes it (in_ctx false). */
 cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
                                         CUcontext current, cubuf_buffer_t **out)
 {
-    /* The hot path, where the resource has one and no context must be looked up. */
-    if (res->vt->allocate_buffer && size && (current || !cubuf__stream_is_default(stream)))
-        return res->vt->allocate_buffer(res, size, stream,
-                                        cubuf__stream_is_default(stream) ? current : NULL, out);
+    cubuf_status_t st;
+    CUcontext bound = NULL;
+    const bool dflt = res->props.device_accessible && cubuf__stream_is_default(stream);
+    if (dflt) {
+        if (!current) {
+            if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+            if ((st = CU(cuCtxGetCurrent, &current)) != CUBUF_SUCCESS) return st;
+        }
+        bound = res->ctx ? res->ctx->handle : current;
+        if (!bound)
+            return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                               "cubuf_resource_allocate: a default stream needs a context: the "
+                               "resource belongs to no device and no CUDA context is current");
+    }
+    const bool in_ctx = !dflt || bound == current;
+    /* The hot path, where the resource has one. */
+    if (res->vt->allocate_buffer && size && in_ctx)
+        return res->vt->allocate_buffer(res, size, stream, bound, out);
     cubuf_buffer_t *buf = NULL;
-    cubuf_status_t st = cubuf__buffer_new(&buf);
-    if (st != CUBUF_SUCCESS) return st;
+    if ((st = cubuf__buffer_new(&buf)) != CUBUF_SUCCESS) return st;
     buf->size = size;
     cubuf__buffer_take_props(buf, res);
-    bool in_ctx = true;
-    if (!res->props.device_accessible || !cubuf__stream_is_default(stream)) {
-        buf->dealloc.stream = stream; /* bound to no context */
-    } else if (current) {
-        buf->dealloc = (cubuf_stream_token_t){stream, current};
-    } else {
-        CUcontext fallback = res->ctx ? res->ctx->handle : NULL;
-        CHECK(cubuf__stream_record(&buf->dealloc, stream, fallback, &in_ctx));
-    }
+    buf->dealloc = (cubuf_stream_token_t){stream, bound};
     if (size) CHECK(res->vt->allocate(res, buf, stream, in_ctx));
     cubuf__resource_hold(res, size && !res->vt->manages_stats ? size : 0);
     buf->resource = res;
@@ -193,16 +217,21 @@ cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
                            ops->version, CUBUF_RESOURCE_OPS_VERSION);
     CHECK_ARG(ops->allocate && ops->deallocate,
               "cubuf_resource_create: allocate and deallocate are required");
-    CHECK_ARG(!props || props->struct_size >= sizeof *props,
-              "cubuf_resource_create: props->struct_size is wrong; use CUBUF_RESOURCE_PROPS_INIT");
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    if (props) {
+        cubuf_status_t pst = cubuf__struct_in("cubuf_resource_create", "cubuf_resource_props_t",
+                                              &p, sizeof p, props, CUBUF_RESOURCE_PROPS_SIZE_V1);
+        if (pst != CUBUF_SUCCESS) return pst;
+    }
+    /* The bytes of each ops version: a caller's struct is read no further. */
+    static const size_t ops_size[CUBUF_RESOURCE_OPS_VERSION + 1] = {0, CUBUF_RESOURCE_OPS_SIZE_V1};
     cubuf_resource_t *res = NULL;
     cubuf_status_t st = cubuf__resource_new(&user_vtbl, CUBUF_RES_USER, NULL, &res);
     if (st != CUBUF_SUCCESS) return st;
-    res->user_ops = *ops;
+    memcpy(&res->user_ops, ops, ops_size[ops->version]);
     res->user_state = state;
     if (props) {
-        res->props = *props;
-        res->props.struct_size = sizeof res->props;
+        res->props = p;
     } else {
         res->props.device_accessible = true;
         res->props.device_id = -1;

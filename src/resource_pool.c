@@ -1,10 +1,10 @@
 /* Stream-ordered pool resources: the device pool (the device's default pool
  * or a private one), the pinned host pool, and the graph resource, which
  * allocates inside stream capture (graph memory nodes). */
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "abi.h"
 #include "resource_pool.h"
 
 /* res->impl holds the CUmemoryPool itself: the hot path reads it with no
@@ -22,11 +22,11 @@ CUmemoryPool cubuf__pool_handle(const cubuf_resource_t *res)
 /* ---- allocate / deallocate ------------------------------------------------ */
 
 /* A default stream is the one the deallocation token bound it to: the
- * caller's current context's, or the resource's when nothing is current. The
- * allocation runs on that same stream, so the allocation, the work the
- * caller orders on "stream 0" and the eventual free share one stream. When
- * recording the token found that context current (in_ctx), nothing is
- * pushed and nothing asked again; user streams need no context at all. */
+ * resource's context's (cubuf.h, "Default streams"). The allocation runs on
+ * that same stream, so the allocation, the work the caller orders on
+ * "stream 0" and the eventual free share one stream. When that context is
+ * already current (in_ctx), nothing is pushed; user streams need no context
+ * at all. */
 static cubuf_status_t push_for_stream(const cubuf_buffer_t *buf, bool in_ctx, cubuf_ctx_guard_t *g)
 {
     if (in_ctx) {
@@ -271,21 +271,6 @@ static cubuf_status_t set_threshold(CUmemoryPool pool, cuuint64_t value)
     return st;
 }
 
-/* The default pool is shared with every other user of the device: raise its
- * threshold when asked for more, never lower someone else's choice. The
- * read and the write are one step for cubuf's threads (two creations at
- * once could otherwise lower the other's value). */
-static cubuf_status_t raise_threshold(CUmemoryPool pool, cuuint64_t want)
-{
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&lock);
-    cuuint64_t cur = 0;
-    cubuf_status_t st = CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &cur);
-    if (st == CUBUF_SUCCESS && cur < want) st = set_threshold(pool, want);
-    pthread_mutex_unlock(&lock);
-    return st;
-}
-
 static void destroy_pool(CUmemoryPool pool)
 {
     CUresult r = CU_CALL(cuMemPoolDestroy, pool);
@@ -328,9 +313,11 @@ static cubuf_status_t wrap_pool(const cubuf_resource_vtbl_t *vt, cubuf_resource_
     return CUBUF_SUCCESS;
 }
 
+/* A threshold in bytes as the driver takes it: SIZE_MAX (and the options'
+ * CUBUF_RELEASE_THRESHOLD_DEFAULT, for a private pool) keep everything. */
 static cuuint64_t threshold_of(size_t bytes)
 {
-    return bytes == SIZE_MAX ? UINT64_MAX : (cuuint64_t)bytes;
+    return bytes >= CUBUF_RELEASE_THRESHOLD_DEFAULT ? UINT64_MAX : (cuuint64_t)bytes;
 }
 
 cubuf_status_t cubuf_device_resource_create(int ordinal,
@@ -340,12 +327,10 @@ cubuf_status_t cubuf_device_resource_create(int ordinal,
     CHECK_ARG(out, "cubuf_device_resource_create: out is NULL");
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
     if (options) {
-        CHECK_ARG(options->struct_size >= sizeof o,
-                  "cubuf_device_resource_create: options->struct_size is %zu, expected %zu; use "
-                  "CUBUF_DEVICE_RESOURCE_OPTIONS_INIT",
-                  options->struct_size, sizeof o);
-        o = *options;
-        o.struct_size = sizeof o;
+        cubuf_status_t st = cubuf__struct_in("cubuf_device_resource_create",
+                                             "cubuf_device_resource_options_t", &o, sizeof o, options,
+                                             CUBUF_DEVICE_RESOURCE_OPTIONS_SIZE_V1);
+        if (st != CUBUF_SUCCESS) return st;
         CHECK_ARG(o.private_pool || (o.max_size == 0 && !o.ipc_enabled),
                   "cubuf_device_resource_create: max_size and ipc_enabled need private_pool "
                   "(the device's default pool is shared and cannot change them)");
@@ -382,8 +367,12 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
         owned = true;
     } else {
         CHECK(CU(cuDeviceGetDefaultMemPool, &pool, ctx->device));
-        /* Last driver call: a failure before it leaves the shared pool as it was. */
-        CHECK(raise_threshold(pool, threshold_of(o.release_threshold)));
+        /* The pool is shared with every other user in the process (the
+         * runtime's cudaMallocAsync, frameworks' allocators): its threshold
+         * changes only when asked. Last driver call: a failure before it
+         * leaves the shared pool as it was. */
+        if (o.release_threshold != CUBUF_RELEASE_THRESHOLD_DEFAULT)
+            CHECK(set_threshold(pool, threshold_of(o.release_threshold)));
     }
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = ordinal;
@@ -522,7 +511,7 @@ static cubuf_status_t peer_target(const cubuf_resource_t *res, int peer, const c
 cubuf_status_t cubuf_resource_set_peer_access(cubuf_resource_t *res, int peer, bool grant)
 {
     static const char what[] = "cubuf_resource_set_peer_access";
-    CUmemoryPool pool;
+    CUmemoryPool pool = NULL;
     CUdevice dev;
     cubuf_status_t st = peer_target(res, peer, what, &pool, &dev);
     if (st != CUBUF_SUCCESS) return st;
@@ -548,7 +537,7 @@ cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res, int peer,
 {
     static const char what[] = "cubuf_resource_peer_access";
     CHECK_ARG(granted, "%s: granted is NULL", what);
-    CUmemoryPool pool;
+    CUmemoryPool pool = NULL;
     CUdevice dev;
     cubuf_status_t st;
     if (res && res->kind == CUBUF_RES_DEVICE_POOL && peer == res->ctx->ordinal) {
@@ -564,4 +553,68 @@ cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res, int peer,
     cubuf__ctx_pop(&g);
     if (st == CUBUF_SUCCESS) *granted = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     return st;
+}
+
+/* ---- memory back to the system ------------------------------------------------ */
+
+/* The pool of a device or pinned pool resource, or NOT_SUPPORTED naming `what`. */
+static cubuf_status_t pool_target(const cubuf_resource_t *res, const char *what, CUmemoryPool *pool)
+{
+    CHECK_ARG(res, "%s: res is NULL", what);
+    *pool = cubuf__pool_handle(res);
+    if (!*pool)
+        return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                           "%s: the resource has no memory pool (only device pool and pinned pool "
+                           "resources have one)",
+                           what);
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_resource_trim(cubuf_resource_t *res, size_t bytes_to_keep)
+{
+    static const char what[] = "cubuf_resource_trim";
+    CUmemoryPool pool;
+    cubuf_status_t st = pool_target(res, what, &pool);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    st = CU(cuMemPoolTrimTo, pool, bytes_to_keep);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s to %zu bytes", what, bytes_to_keep);
+    return st;
+}
+
+cubuf_status_t cubuf_resource_set_release_threshold(cubuf_resource_t *res, size_t bytes)
+{
+    CUmemoryPool pool;
+    cubuf_status_t st = pool_target(res, "cubuf_resource_set_release_threshold", &pool);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+    st = set_threshold(pool, threshold_of(bytes));
+    cubuf__ctx_pop(&g);
+    return st;
+}
+
+cubuf_status_t cubuf__pool_usage(const cubuf_resource_t *res, cubuf_resource_stats_t *stats)
+{
+    static const CUmemPool_attribute attrs[4] = {
+        CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH};
+    cuuint64_t v[4] = {0, 0, 0, 0};
+    CUmemoryPool pool = cubuf__pool_handle(res);
+    cubuf_status_t st = CUBUF_SUCCESS;
+    if (pool) {
+        cubuf_ctx_guard_t g;
+        if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
+        for (int i = 0; i < 4 && st == CUBUF_SUCCESS; i++)
+            st = CU(cuMemPoolGetAttribute, pool, attrs[i], &v[i]);
+        cubuf__ctx_pop(&g);
+        if (st != CUBUF_SUCCESS) return st;
+    }
+    stats->pool_reserved_current = v[0];
+    stats->pool_reserved_high = v[1];
+    stats->pool_used_current = v[2];
+    stats->pool_used_high = v[3];
+    return CUBUF_SUCCESS;
 }

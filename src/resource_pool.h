@@ -18,4 +18,9 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
                                        cubuf_resource_t **out);
 cubuf_status_t cubuf__pinned_pool_make(cubuf_context_t *ctx, bool ipc_enabled, cubuf_resource_t **out);
 
+/* Fills the pool figures of *stats (reserved and used bytes, current and
+ * high: four cuMemPoolGetAttribute calls) for a device or pinned pool
+ * resource, zeros for any other; writes nothing on failure. */
+cubuf_status_t cubuf__pool_usage(const cubuf_resource_t *res, cubuf_resource_stats_t *stats);
+
 #endif

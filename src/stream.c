@@ -1,25 +1,25 @@
 /* Deallocation-stream tokens and capture checks. */
 #include "internal.h"
 
-cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext fallback,
-                                    bool *current)
+cubuf_status_t cubuf__stream_record(cubuf_stream_token_t *t, CUstream s, CUcontext own)
 {
     t->stream = s;
     t->ctx = NULL;
-    if (current) *current = true;
     if (!cubuf__stream_is_default(s)) return CUBUF_SUCCESS;
+    if (own) {
+        t->ctx = own;
+        return CUBUF_SUCCESS;
+    }
     /* A user resource or an empty view may be the first thing to ask. */
     cubuf_status_t st = cubuf__driver_load();
     if (st != CUBUF_SUCCESS) return st;
     CUcontext cur = NULL;
-    st = CU(cuCtxGetCurrent, &cur);
-    if (st != CUBUF_SUCCESS) return st;
-    t->ctx = cur ? cur : fallback;
-    if (current) *current = cur != NULL;
-    if (!t->ctx)
+    if ((st = CU(cuCtxGetCurrent, &cur)) != CUBUF_SUCCESS) return st;
+    if (!cur)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                           "cannot record a default stream: no CUDA context is current and the "
-                           "memory belongs to no device");
+                           "cannot record a default stream: the memory belongs to no context and "
+                           "no CUDA context is current");
+    t->ctx = cur;
     return CUBUF_SUCCESS;
 }
 
@@ -45,7 +45,7 @@ cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamC
 
 cubuf_status_t cubuf__stream_refuse_capture(CUstream s, CUcontext ctx, const char *what)
 {
-    CUstreamCaptureStatus cs;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     cubuf_status_t st = cubuf__stream_capture_status(s, ctx, &cs);
     if (st != CUBUF_SUCCESS) return st;
     if (cs != CU_STREAM_CAPTURE_STATUS_NONE)

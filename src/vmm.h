@@ -53,8 +53,15 @@ typedef struct cubuf_vmm_live {
     long reservations;
     long mappings;
     long allocations;
+    long waiters; /* the streams and events ranges hold for closes (vmm_close.c) */
 } cubuf_vmm_live_t;
 void cubuf__vmm_live(cubuf_vmm_live_t *live);
+
+/* While on, a grow treats the reservation it asks for right at the end of
+ * its space as placed elsewhere (what the driver does when those addresses
+ * are taken), so a grow past the reserved headroom moves. Process-wide; for
+ * tests that must reach the moving path. */
+void cubuf__vmm_test_refuse_extension(bool on);
 
 /* ---- inside the virtual memory sources (vmm_*.c) --------------------------------
  *
@@ -75,6 +82,14 @@ void cubuf__vmm_live(cubuf_vmm_live_t *live);
  * to unmap by walking down from its own end, and a grow in place appends:
  * neither touches the rest of the range.
  *
+ * Waiting. Only a close that unmaps waits on the host: for its own stream,
+ * the open buffers' streams and the range's waits stream. A close that
+ * unmaps nothing leaves its stream's work to the waits stream instead (an
+ * event recorded on its stream, which waits then waits for), since the
+ * stream itself may be destroyed once the buffer is closed. The tokens of
+ * open members are written (cubuf__vmm_set_token) and read under the range
+ * lock.
+ *
  * Every driver call runs with the resource's context pushed and the calling
  * thread's capture mode relaxed (vmm_guard_t).
  *
@@ -90,7 +105,7 @@ void cubuf__vmm_live(cubuf_vmm_live_t *live);
  *  - vmm_resource.c: options, support checks, the resource and its getters;
  *  - vmm_range.c: ranges, spaces and members, allocation, the IPC queries;
  *  - vmm_grow.c: cubuf_vmm_modify_allocation;
- *  - vmm_close.c: deallocation. */
+ *  - vmm_close.c: deallocation and the waiting it needs. */
 
 /* A host-memory CPU entry, the owner and the peers. */
 #define VMM_MAX_DESCS (2 + CUBUF_VMM_MAX_PEERS)
@@ -154,6 +169,15 @@ struct vmm_range {
     size_t nmembers;
     vmm_access_t *access; /* distinct access profiles of the allocations */
     unsigned naccess, cap_access;
+    /* The work queued before closes that unmapped nothing (vmm_close.c):
+     * `waits`, a stream of the resource's context, waits for it (events
+     * recorded on those closes' streams); `pending` says it was given waits
+     * since an unmapping close last synchronized it. `event` is recorded
+     * again at each such close on a stream of the resource's context. Made
+     * on first use, destroyed with the range. */
+    CUstream waits;
+    CUevent event;
+    bool pending;
 };
 
 /* The resource's context pushed and the thread's capture mode relaxed: the
@@ -181,11 +205,14 @@ cubuf_status_t cubuf__vmm_unmap(CUdeviceptr va, size_t size);
 void cubuf__vmm_va_free_quiet(CUdeviceptr va, size_t size);
 void cubuf__vmm_unmap_quiet(CUdeviceptr va, size_t size);
 void cubuf__vmm_release_quiet(CUmemGenericAllocationHandle h, size_t size);
+/* The range's waits stream and events (counted as waiters). create runs in
+ * the current context; destroy is quiet (tried twice, then a warning). */
+cubuf_status_t cubuf__vmm_stream_create(CUstream *s);
+cubuf_status_t cubuf__vmm_event_create(CUevent *e);
+void cubuf__vmm_stream_destroy_quiet(CUstream s);
+void cubuf__vmm_event_destroy_quiet(CUevent e);
 /* Maps a physical allocation again where a failed close had unmapped it. */
 void cubuf__vmm_remap_quiet(CUdeviceptr va, const vmm_phys_t *p, const vmm_access_t *a);
-/* cuMemAddressFree, tried once more on failure; counts nothing and records
- * nothing (for a reservation cubuf did not make: cubuf_buffer_wrap). */
-CUresult cubuf__vmm_va_free_retry(CUdeviceptr va, size_t size);
 
 /* Makes, reserves, maps and grants `a` to one granule of `g` bytes, then
  * undoes it all. Returns the first failing CUresult (recording nothing) and
@@ -240,5 +267,9 @@ cubuf_status_t cubuf__vmm_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, C
                                    bool in_ctx);
 cubuf_status_t cubuf__vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                      const cubuf_stream_token_t *token);
+/* The resource's set_token (vmm_close.c): the store under the range lock,
+ * where closes of aliases read it. */
+void cubuf__vmm_set_token(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                          const cubuf_stream_token_t *token);
 
 #endif

@@ -1,7 +1,8 @@
-/* Virtual memory: closing a buffer (the resource's deallocate). Plans what
- * the close unmaps, waits for the streams it must, unmaps (mapping back on
- * failure) and only then releases. The rules are in <cubuf/vmm.h>, the
- * model in vmm.h. */
+/* Virtual memory: closing a buffer (the resource's deallocate) and the
+ * waiting it needs. A close that unmaps nothing hands the work queued on its
+ * stream to the range's waits stream and returns; a close that unmaps waits
+ * for every stream it must, unmaps (mapping back on failure) and only then
+ * releases. The rules are in <cubuf/vmm.h>, the model in vmm.h. */
 #include <stdlib.h>
 
 #include "vmm.h"
@@ -28,7 +29,7 @@ static void plan_close(const vmm_member_t *m, size_t *lo, size_t *hi, bool *dies
 
 typedef struct vmm_wait {
     cubuf_stream_token_t t;
-    bool skip;     /* not synchronized */
+    bool skip;     /* not waited for */
     bool captured; /* ... because a capture would be disturbed: warn */
 } vmm_wait_t;
 
@@ -42,47 +43,117 @@ static const char *default_stream_name(CUstream s)
     return s == CU_STREAM_PER_THREAD ? "per-thread" : "legacy";
 }
 
-/* Checks and synchronizes the streams a close waits for: its own, and when
- * it releases memory those of the other open buffers of the range. Changes
- * nothing: any failure leaves the close undone. */
-static cubuf_status_t wait_streams(const vmm_range_t *r, const vmm_member_t *m,
-                                   const cubuf_stream_token_t *token, bool releasing,
-                                   vmm_wait_t *w, size_t *n, const char *what)
+/* A default stream may be used unless that would disturb a capture in its
+ * context: then it is marked skipped, to be warned about. One without a
+ * context (host-only memory records none) orders nothing: skipped too. */
+static cubuf_status_t check_default(vmm_wait_t *w)
+{
+    if (!w->t.ctx) {
+        w->skip = true;
+        return CUBUF_SUCCESS;
+    }
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cubuf_status_t st = cubuf__stream_capture_status(w->t.stream, w->t.ctx, &cs);
+    if (st != CUBUF_SUCCESS) return st;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) w->skip = w->captured = true;
+    return CUBUF_SUCCESS;
+}
+
+/* ---- a close that unmaps nothing -------------------------------------------------- */
+
+/* The work queued on the closing buffer's stream so far must end before a
+ * later close unmaps this memory, but need not end now, and the stream may
+ * be destroyed as soon as the buffer is closed. So: an event recorded on
+ * the stream, which the range's waits stream is made to wait for; the host
+ * waits for nothing. Whatever it makes is published only on success. */
+static cubuf_status_t defer_wait(const cubuf_resource_t *res, vmm_range_t *r, vmm_wait_t *w)
+{
+    const cubuf_stream_token_t *t = &w->t;
+    CUcontext ctx = t->ctx;
+    cubuf_status_t st;
+    if (cubuf__stream_is_default(t->stream)) {
+        if ((st = check_default(w)) != CUBUF_SUCCESS || w->skip) return st;
+    } else if ((st = CU(cuStreamGetCtx, t->stream, &ctx)) != CUBUF_SUCCESS) {
+        return st;
+    }
+    /* An event must belong to its stream's context. The range keeps one for
+     * the resource's context (current here, and alive while the range is);
+     * another context, which may be destroyed after this close, gets an
+     * event of its own for this close only. */
+    bool own = ctx == res->ctx->handle;
+    CUstream waits = r->waits;
+    CUevent ev = own ? r->event : NULL;
+    bool new_waits = false, new_ev = false;
+    cubuf_ctx_guard_t g = {false};
+    if (!waits) {
+        CHECK(cubuf__vmm_stream_create(&waits));
+        new_waits = true;
+    }
+    if (!own) CHECK(cubuf__ctx_push(ctx, &g));
+    if (!ev) {
+        CHECK(cubuf__vmm_event_create(&ev));
+        new_ev = true;
+    }
+    CHECK(CU(cuEventRecord, ev, t->stream));
+    cubuf__ctx_pop(&g);
+    /* The wait takes the event's state now: the event may be recorded
+     * again, or destroyed, right after. */
+    CHECK(CU(cuStreamWaitEvent, waits, ev, 0));
+    r->waits = waits;
+    r->pending = true;
+    if (own) r->event = ev;
+    else cubuf__vmm_event_destroy_quiet(ev);
+    return CUBUF_SUCCESS;
+fail:
+    cubuf__ctx_pop(&g);
+    if (new_ev) cubuf__vmm_event_destroy_quiet(ev);
+    if (new_waits) cubuf__vmm_stream_destroy_quiet(waits);
+    return st;
+}
+
+/* ---- a close that unmaps ------------------------------------------------------------ */
+
+/* Checks and synchronizes what an unmap waits for: the closing buffer's
+ * stream, those of the other open buffers of the range (read under the
+ * range lock, where cubuf__vmm_set_token writes them), and the range's
+ * waits stream. Any failure leaves the close undone. */
+static cubuf_status_t wait_streams(vmm_range_t *r, const vmm_member_t *m,
+                                   const cubuf_stream_token_t *token, vmm_wait_t *w, size_t *n,
+                                   const char *what)
 {
     size_t k = 0;
     w[k++] = (vmm_wait_t){*token, false, false};
-    if (releasing) {
-        for (const vmm_member_t *o = r->members; o; o = o->next) {
-            if (o == m) continue;
-            const cubuf_stream_token_t *t = &o->buf->dealloc;
-            bool dup = false;
-            for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, t);
-            if (!dup) w[k++] = (vmm_wait_t){*t, false, false};
-        }
+    for (const vmm_member_t *o = r->members; o; o = o->next) {
+        if (o == m) continue;
+        const cubuf_stream_token_t *t = &o->buf->dealloc;
+        bool dup = false;
+        for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, t);
+        if (!dup) w[k++] = (vmm_wait_t){*t, false, false};
     }
     *n = k;
     cubuf_status_t st;
     for (size_t i = 0; i < k; i++) {
-        const cubuf_stream_token_t *t = &w[i].t;
-        bool def = cubuf__stream_is_default(t->stream);
-        if (def && !t->ctx) {
-            w[i].skip = true; /* host-only memory records no context: nothing to wait for */
+        if (cubuf__stream_is_default(w[i].t.stream)) {
+            if ((st = check_default(&w[i])) != CUBUF_SUCCESS) return st;
             continue;
         }
-        if (i == 0 && !def) continue; /* checked before the close began */
+        if (i == 0) continue; /* the closing buffer's: checked before the close began */
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        if ((st = cubuf__stream_capture_status(t->stream, t->ctx, &cs)) != CUBUF_SUCCESS) return st;
-        if (cs == CU_STREAM_CAPTURE_STATUS_NONE) continue;
-        if (!def)
+        if ((st = cubuf__stream_capture_status(w[i].t.stream, NULL, &cs)) != CUBUF_SUCCESS)
+            return st;
+        if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
             return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
                                "%s: another buffer of the same range records a deallocation "
                                "stream that is capturing; unmapping would have to wait for it",
                                what);
-        w[i].skip = w[i].captured = true;
     }
     for (size_t i = 0; i < k; i++) {
         if (w[i].skip) continue;
         if ((st = cubuf__stream_sync(&w[i].t)) != CUBUF_SUCCESS) return st;
+    }
+    if (r->pending) {
+        if ((st = CU(cuStreamSynchronize, r->waits)) != CUBUF_SUCCESS) return st;
+        r->pending = false;
     }
     return CUBUF_SUCCESS;
 }
@@ -128,40 +199,24 @@ static void warn_skipped(const vmm_wait_t *w, size_t n, bool releasing, const ch
     for (size_t i = 0; i < n; i++) {
         if (!w[i].captured) continue;
         cubuf__warn(CUBUF_ERROR_STREAM_CAPTURING,
-                    "%s: the %s default stream was not synchronized, because that would "
-                    "invalidate a stream capture in its context; %s without waiting for it",
+                    "%s: the %s default stream was not %s, because that would invalidate a "
+                    "stream capture in its context; %s",
                     what, default_stream_name(w[i].t.stream),
-                    releasing ? "unmapped" : "closed");
+                    releasing ? "synchronized" : "recorded",
+                    releasing ? "unmapped without waiting for it"
+                              : "the memory will be unmapped without waiting for its work");
     }
 }
 
-/* A buffer made by cubuf_buffer_wrap over this resource (cuda.core's
- * deallocate): [ptr, ptr+size) is one reservation, fully mapped, whose
- * physical handles the caller released; unmapping frees the memory. */
-static cubuf_status_t release_wrapped(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                      const cubuf_stream_token_t *token, const char *what)
+/* ---- the close ------------------------------------------------------------------------ */
+
+/* The range's waits stream and event, when its last member is gone. */
+static void drop_waits(vmm_range_t *r)
 {
-    cubuf_status_t st;
-    bool def = cubuf__stream_is_default(token->stream);
-    if (!def && (st = cubuf__stream_refuse_capture(token->stream, NULL, what)) != CUBUF_SUCCESS)
-        return st;
-    vmm_wait_t w = {*token, false, false};
-    size_t n = 0;
-    vmm_guard_t g;
-    if ((st = cubuf__vmm_guard_enter(res, &g)) != CUBUF_SUCCESS) return st;
-    if ((st = wait_streams(NULL, NULL, token, false, &w, &n, what)) == CUBUF_SUCCESS) {
-        st = CU(cuMemUnmap, buf->ptr, buf->size);
-        if (st == CUBUF_SUCCESS) {
-            CUresult r = cubuf__vmm_va_free_retry(buf->ptr, buf->size);
-            if (r != CUDA_SUCCESS)
-                cubuf__warn(cubuf__cu_map(r), "%s: cuMemAddressFree failed (CUresult %d)", what,
-                            (int)r);
-            cubuf__stats_sub(res, buf->size); /* cubuf_buffer_wrap counted it */
-        }
-    }
-    cubuf__vmm_guard_exit(&g);
-    warn_skipped(&w, n, true, what);
-    return st;
+    if (r->event) cubuf__vmm_event_destroy_quiet(r->event);
+    if (r->waits) cubuf__vmm_stream_destroy_quiet(r->waits);
+    r->event = NULL;
+    r->waits = NULL;
 }
 
 static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
@@ -178,38 +233,40 @@ static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
     if ((st = cubuf__vmm_guard_enter(res, &g)) != CUBUF_SUCCESS) return st;
     pthread_mutex_lock(&r->lock);
 
-    size_t lo, hi, n = 0;
+    size_t lo, hi, n = 1;
     bool dies;
     plan_close(m, &lo, &hi, &dies);
     bool releasing = hi > lo;
     vmm_wait_t small[8], *w = small;
-    if (releasing && r->nmembers > sizeof small / sizeof small[0] &&
-        !(w = malloc(r->nmembers * sizeof *w))) {
-        st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
-        w = small;
-        goto out;
-    }
-    if ((st = wait_streams(r, m, token, releasing, w, &n, what)) != CUBUF_SUCCESS) goto out;
-    if (releasing) {
+    small[0] = (vmm_wait_t){*token, false, false};
+    if (!releasing) {
+        if ((st = defer_wait(res, r, &small[0])) != CUBUF_SUCCESS) goto out;
+        s->maps[m->count - 1].ends--;
+        s->buffers--;
+    } else {
+        if (r->nmembers > sizeof small / sizeof small[0] &&
+            !(w = malloc(r->nmembers * sizeof *w))) {
+            st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
+            w = small;
+            goto out;
+        }
+        if ((st = wait_streams(r, m, token, w, &n, what)) != CUBUF_SUCCESS) goto out;
         if ((st = unmap_span(r, s, lo, hi)) != CUBUF_SUCCESS) goto out;
         /* The close is done from here on: nothing below can fail it. */
         release_span(res, s, lo, hi, dies);
-    }
-    if (dies) {
-        cubuf__vmm_space_free(s);
-    } else {
-        if (releasing) {
+        if (dies) {
+            cubuf__vmm_space_free(s);
+        } else {
             s->nmaps = lo;
             s->mapped = s->maps[lo].offset;
-        } else {
-            s->maps[m->count - 1].ends--;
+            s->buffers--;
         }
-        s->buffers--;
     }
     cubuf__vmm_range_unlink(r, m);
 out:;
     bool last = st == CUBUF_SUCCESS && r->nmembers == 0;
     pthread_mutex_unlock(&r->lock);
+    if (last) drop_waits(r);
     cubuf__vmm_guard_exit(&g);
     if (st == CUBUF_SUCCESS) warn_skipped(w, n, releasing, what);
     if (w != small) free(w);
@@ -224,7 +281,7 @@ out:;
  * not outlive it. Mappings other buffers cover are theirs to release; a
  * space only it held keeps its mappings, since nothing can wait for its
  * stream now. */
-static void forget_member(vmm_member_t *m)
+static void forget_member(cubuf_resource_t *res, vmm_member_t *m)
 {
     vmm_range_t *r = m->range;
     vmm_space_t *s = m->space;
@@ -233,7 +290,13 @@ static void forget_member(vmm_member_t *m)
     cubuf__vmm_range_unlink(r, m);
     bool last = r->nmembers == 0;
     pthread_mutex_unlock(&r->lock);
-    if (last) cubuf__vmm_range_free(r);
+    if (last) {
+        vmm_guard_t g;
+        bool entered = cubuf__vmm_guard_enter(res, &g) == CUBUF_SUCCESS;
+        drop_waits(r);
+        if (entered) cubuf__vmm_guard_exit(&g);
+        cubuf__vmm_range_free(r);
+    }
     free(m);
 }
 
@@ -242,8 +305,24 @@ cubuf_status_t cubuf__vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
 {
     static const char what[] = "closing a virtual memory buffer";
     vmm_member_t *m = buf->impl;
-    if (!m) return release_wrapped(res, buf, token, what);
+    if (!m) /* cubuf_buffer_wrap refuses this resource (no_adopt): never reached */
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "%s: the buffer's memory was not allocated by this resource", what);
     cubuf_status_t st = close_member(res, m, token, what);
-    if (st != CUBUF_SUCCESS && atomic_load(&buf->refs) == 0) forget_member(m);
+    if (st != CUBUF_SUCCESS && atomic_load(&buf->refs) == 0) forget_member(res, m);
     return st;
+}
+
+void cubuf__vmm_set_token(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                          const cubuf_stream_token_t *token)
+{
+    (void)res;
+    vmm_member_t *m = buf->impl;
+    if (!m) {
+        buf->dealloc = *token;
+        return;
+    }
+    pthread_mutex_lock(&m->range->lock);
+    buf->dealloc = *token;
+    pthread_mutex_unlock(&m->range->lock);
 }

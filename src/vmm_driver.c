@@ -1,17 +1,18 @@
 /* Virtual memory: the driver calls. Each call that makes or removes a
- * reservation, a mapping or a physical allocation counts it here (what
- * cubuf__vmm_live reports); undoing and releasing have quiet variants that
- * cannot fail their caller; the guard every call runs under. The model is
- * in vmm.h. */
+ * reservation, a mapping, a physical allocation or a range's waits stream
+ * or event counts it here (what cubuf__vmm_live reports); undoing and
+ * releasing have quiet variants that cannot fail their caller; the guard
+ * every call runs under. The model is in vmm.h. */
 #include "vmm.h"
 
-static atomic_long live_resv, live_maps, live_phys;
+static atomic_long live_resv, live_maps, live_phys, live_waiters;
 
 void cubuf__vmm_live(cubuf_vmm_live_t *live)
 {
     live->reservations = atomic_load(&live_resv);
     live->mappings = atomic_load(&live_maps);
     live->allocations = atomic_load(&live_phys);
+    live->waiters = atomic_load(&live_waiters);
 }
 
 /* ---- driver calls ---------------------------------------------------------- */
@@ -73,6 +74,22 @@ cubuf_status_t cubuf__vmm_unmap(CUdeviceptr va, size_t size)
     return CUBUF_SUCCESS;
 }
 
+cubuf_status_t cubuf__vmm_stream_create(CUstream *s)
+{
+    cubuf_status_t st = CU(cuStreamCreate, s, CU_STREAM_NON_BLOCKING);
+    if (st != CUBUF_SUCCESS) return st;
+    atomic_fetch_add(&live_waiters, 1);
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__vmm_event_create(CUevent *e)
+{
+    cubuf_status_t st = CU(cuEventCreate, e, CU_EVENT_DISABLE_TIMING);
+    if (st != CUBUF_SUCCESS) return st;
+    atomic_fetch_add(&live_waiters, 1);
+    return CUBUF_SUCCESS;
+}
+
 /* Undoing and releasing: no caller can be told about these, and the thread's
  * last error must keep describing the failure being unwound. A failed call
  * is tried once more (a transient or injected failure must not leak), then
@@ -104,15 +121,20 @@ static CUresult release_call(const void *arg)
     return CU_CALL(cuMemRelease, *(const CUmemGenericAllocationHandle *)arg);
 }
 
-CUresult cubuf__vmm_va_free_retry(CUdeviceptr va, size_t size)
+static CUresult stream_destroy_call(const void *arg)
 {
-    vmm_span_t s = {va, size};
-    return retry_once(free_va_call(&s), free_va_call, &s);
+    return CU_CALL(cuStreamDestroy, *(const CUstream *)arg);
+}
+
+static CUresult event_destroy_call(const void *arg)
+{
+    return CU_CALL(cuEventDestroy, *(const CUevent *)arg);
 }
 
 void cubuf__vmm_va_free_quiet(CUdeviceptr va, size_t size)
 {
-    CUresult r = cubuf__vmm_va_free_retry(va, size);
+    vmm_span_t s = {va, size};
+    CUresult r = retry_once(free_va_call(&s), free_va_call, &s);
     if (r == CUDA_SUCCESS)
         atomic_fetch_sub(&live_resv, 1);
     else
@@ -144,6 +166,26 @@ void cubuf__vmm_release_quiet(CUmemGenericAllocationHandle h, size_t size)
                     "cuMemRelease of a %zu-byte physical allocation failed (CUresult %d): the "
                     "memory is lost",
                     size, (int)r);
+}
+
+void cubuf__vmm_stream_destroy_quiet(CUstream s)
+{
+    CUresult r = retry_once(stream_destroy_call(&s), stream_destroy_call, &s);
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_sub(&live_waiters, 1);
+    else
+        cubuf__warn(cubuf__cu_map(r), "cuStreamDestroy of a range's waits stream failed (CUresult %d)",
+                    (int)r);
+}
+
+void cubuf__vmm_event_destroy_quiet(CUevent e)
+{
+    CUresult r = retry_once(event_destroy_call(&e), event_destroy_call, &e);
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_sub(&live_waiters, 1);
+    else
+        cubuf__warn(cubuf__cu_map(r), "cuEventDestroy of a close's event failed (CUresult %d)",
+                    (int)r);
 }
 
 /* Maps a physical allocation again where a failed close had unmapped it. */

@@ -6,6 +6,10 @@
 
 #include "vmm.h"
 
+static atomic_bool refuse_extension;
+
+void cubuf__vmm_test_refuse_extension(bool on) { atomic_store(&refuse_extension, on); }
+
 typedef struct vmm_piece {
     size_t offset; /* from the space's base */
     size_t size;
@@ -80,7 +84,8 @@ static cubuf_status_t grow_in_place(vmm_grow_t *gr, bool *must_move)
         CUdeviceptr hint = s->base + s->reserved;
         ext_size = cubuf__vmm_reserve_target(end, gr->vr->gran) - s->reserved;
         CHECK(cubuf__vmm_va_reserve(&ext_va, ext_size, gr->vr->gran, hint));
-        if (ext_va != hint) { /* granted elsewhere: give it back and move */
+        if (ext_va != hint || atomic_load_explicit(&refuse_extension, memory_order_relaxed)) {
+            /* granted elsewhere: give it back and move */
             cubuf__vmm_va_free_quiet(ext_va, ext_size);
             cubuf__vmm_guard_exit(&g);
             free_pieces(pieces, npieces);
@@ -226,6 +231,7 @@ static cubuf_status_t grow_member(cubuf_resource_t *res, vmm_member_t *from, siz
     if (!to) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     vmm_range_t *r = from->range;
     pthread_mutex_lock(&r->lock);
+    nb->dealloc = from->buf->dealloc; /* written under this lock (cubuf__vmm_set_token) */
     if (want <= cur) {
         /* Within the buffer: the same mappings again, no driver call. */
         to->space = from->space;
@@ -268,17 +274,14 @@ cubuf_status_t cubuf_vmm_modify_allocation(cubuf_resource_t *res, cubuf_buffer_t
     cubuf_status_t st = cubuf__buffer_check_open(buf, what);
     if (st != CUBUF_SUCCESS) return st;
     CHECK_ARG(buf->resource == res, "%s: the buffer was not made by this resource", what);
-    CHECK_ARG(buf->impl || buf->size == 0,
-              "%s: the buffer wraps memory this resource did not allocate (cubuf_buffer_wrap)",
-              what);
     cubuf_vmm_options_t o;
     if ((st = cubuf__vmm_grow_options(vr, options, &o, what)) != CUBUF_SUCCESS) return st;
     cubuf_buffer_t *nb = NULL;
     if ((st = cubuf__buffer_new(&nb)) != CUBUF_SUCCESS) return st;
     cubuf__buffer_take_props(nb, res);
-    nb->dealloc = buf->dealloc;
     vmm_member_t *from = buf->impl;
     if (!from) {
+        nb->dealloc = buf->dealloc;
         /* Growing an empty buffer is a fresh allocation (the hint applies). */
         if (new_size) {
             if (!options) o.address_hint = vr->opts.address_hint;

@@ -31,14 +31,9 @@ static const char *location_name(cubuf_vmm_location_t loc)
     return "?";
 }
 
-/* What needs no driver: the struct size, enums, counts, alignment. */
+/* What needs no driver: enums, counts, alignment (of options read with read_options). */
 static cubuf_status_t check_shape(const cubuf_vmm_options_t *o, const char *what)
 {
-    if (o->struct_size < sizeof *o)
-        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                           "%s: options->struct_size is %zu, expected at least %zu; initialize "
-                           "the options with CUBUF_VMM_OPTIONS_INIT",
-                           what, o->struct_size, sizeof *o);
 #define CUBUF_VMM_ENUM_CHECK_(field, last)                                                      \
     if ((unsigned)o->field > (unsigned)(last))                                                  \
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,                                        \
@@ -285,10 +280,11 @@ cubuf_status_t cubuf__vmm_grow_options(const vmm_res_t *vr, const cubuf_vmm_opti
         o->address_hint = 0; /* the resource's hint is for its first reservations */
         return CUBUF_SUCCESS;
     }
-    cubuf_status_t st = check_shape(given, what);
+    *o = (cubuf_vmm_options_t)CUBUF_VMM_OPTIONS_INIT;
+    cubuf_status_t st = cubuf__struct_in(what, "cubuf_vmm_options_t", o, sizeof *o, given,
+                                         CUBUF_VMM_OPTIONS_SIZE_V1);
+    if (st == CUBUF_SUCCESS) st = check_shape(o, what);
     if (st != CUBUF_SUCCESS) return st;
-    memcpy(o, given, sizeof *o);
-    o->struct_size = sizeof *o;
 #define CUBUF_VMM_SAME_(field)                                                             \
     if (o->field != vr->opts.field)                                                        \
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,                                   \
@@ -327,12 +323,16 @@ cubuf_status_t cubuf__vmm_grow_options(const vmm_res_t *vr, const cubuf_vmm_opti
 
 static void vmm_destroy(cubuf_resource_t *res) { free(res->impl); }
 
-/* allocate is in vmm_range.c, deallocate in vmm_close.c. */
+/* allocate is in vmm_range.c, deallocate and set_token in vmm_close.c. */
 static const cubuf_resource_vtbl_t vmm_vtbl = {
     .allocate = cubuf__vmm_allocate,
     .deallocate = cubuf__vmm_deallocate,
     .destroy = vmm_destroy,
     .manages_stats = true,
+    .set_token = cubuf__vmm_set_token,
+    .no_adopt = "a virtual memory resource frees only ranges it allocated (a close must know "
+                "which aliases still map the memory); wrap memory mapped elsewhere with "
+                "cubuf_buffer_wrap_external",
 };
 
 const vmm_res_t *cubuf__vmm_of(const cubuf_resource_t *res)
@@ -393,9 +393,10 @@ cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t 
     cubuf_vmm_options_t o = CUBUF_VMM_OPTIONS_INIT;
     cubuf_status_t st;
     if (options) {
-        if ((st = check_shape(options, what)) != CUBUF_SUCCESS) return st;
-        memcpy(&o, options, sizeof o);
-        o.struct_size = sizeof o;
+        if ((st = cubuf__struct_in(what, "cubuf_vmm_options_t", &o, sizeof o, options,
+                                   CUBUF_VMM_OPTIONS_SIZE_V1)) != CUBUF_SUCCESS ||
+            (st = check_shape(&o, what)) != CUBUF_SUCCESS)
+            return st;
     }
     cubuf_context_t *ctx = NULL;
     cubuf_resource_t *res = NULL;
@@ -460,12 +461,13 @@ cubuf_status_t cubuf_vmm_granularity(const cubuf_resource_t *res, size_t *granul
 cubuf_status_t cubuf_vmm_resource_options(const cubuf_resource_t *res, cubuf_vmm_options_t *options)
 {
     CHECK_ARG(res && options, "cubuf_vmm_resource_options: NULL argument");
-    CHECK_ARG(options->struct_size >= sizeof *options,
-              "cubuf_vmm_resource_options: options->struct_size is %zu; use CUBUF_VMM_OPTIONS_INIT",
-              options->struct_size);
+    cubuf_status_t st = cubuf__struct_check("cubuf_vmm_resource_options", "cubuf_vmm_options_t",
+                                            options->struct_size, CUBUF_VMM_OPTIONS_SIZE_V1,
+                                            sizeof *options);
+    if (st != CUBUF_SUCCESS) return st;
     const vmm_res_t *vr = cubuf__vmm_of(res);
     CHECK_ARG(vr, "cubuf_vmm_resource_options: the resource is not a virtual memory resource");
-    *options = vr->opts;
+    cubuf__struct_out(options, &vr->opts, sizeof *options);
     return CUBUF_SUCCESS;
 }
 

@@ -1,12 +1,33 @@
-// The public header from C++, linked against the shared library.
+// The public header from C++ (built as C++11 and as C++17 with -Wall -Wextra
+// -Werror), linked against the shared library: every _INIT macro compiles
+// without a warning and sets struct_size.
 #include <cubuf.h>
 #include <cstdio>
 
+template <typename T> static bool sized(const T &x)
+{
+    if (x.struct_size == sizeof(T)) return true;
+    std::printf("struct_size %zu, not %zu\n", x.struct_size, sizeof(T));
+    return false;
+}
+
 int main()
 {
-    cubuf_copy_options_t o = CUBUF_COPY_OPTIONS_INIT;
-    (void)o;
+    cubuf_device_info_t info = CUBUF_DEVICE_INFO_INIT;
+    cubuf_copy_options_t copy = CUBUF_COPY_OPTIONS_INIT;
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    cubuf_resource_stats_t stats = CUBUF_RESOURCE_STATS_INIT;
+    cubuf_device_resource_options_t pool = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    cubuf_vmm_options_t vmm = CUBUF_VMM_OPTIONS_INIT;
+    cubuf_ipc_descriptor_info_t desc = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
+    cubuf_ipc_import_options_t import = CUBUF_IPC_IMPORT_OPTIONS_INIT;
+    cubuf_ipc_recv_options_t recv = CUBUF_IPC_RECV_OPTIONS_INIT;
+    static_assert(CUBUF_VMM_OPTIONS_SIZE_V1 <= sizeof(cubuf_vmm_options_t), "vmm v1");
+    static_assert(CUBUF_DEVICE_INFO_SIZE_V1 <= sizeof(cubuf_device_info_t), "info v1");
+    if (!(sized(info) && sized(copy) && sized(props) && sized(stats) && sized(pool) &&
+          sized(vmm) && sized(desc) && sized(import) && sized(recv)))
+        return 1;
     if (cubuf_version() != CUBUF_VERSION) return 1;
-    std::printf("%s\n", cubuf_status_name(CUBUF_ERROR_CLOSED));
+    std::printf("C++ %ld: %s\n", (long)__cplusplus, cubuf_status_name(CUBUF_ERROR_CLOSED));
     return 0;
 }

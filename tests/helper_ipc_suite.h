@@ -1203,6 +1203,54 @@ static inline void suite_arguments(peer_t *me, peer_mech_t m)
     (void)me;
 }
 
+/* cubuf_buffer_wrap refuses an imported buffer's resource (it frees only
+ * the import it made; given another pointer, or its own again, it would
+ * undo that import under the open buffer): nothing is counted, and the
+ * imported buffer stays open with the exporter's bytes. */
+static inline void suite_wrap_refused(helper_t *h, peer_mech_t m)
+{
+    char what[80];
+    snprintf(what, sizeof what, "%s: wrap with an imported resource", peer_mech_name(m));
+    static fd_snap_t my_fds;
+    fds_take(&my_fds, 0, -1);
+    uint64_t seed = 0x3a90 + m;
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 4 * PEER_MIB, .seed = seed, .slot = 1).status) return;
+    cubuf_ipc_descriptor_t *d = suite_recv(h);
+    cubuf_buffer_t *b = NULL;
+    if (d) T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &b));
+    cubuf_ipc_descriptor_destroy(d);
+    if (b) {
+        cubuf_resource_t *res = cubuf_buffer_resource(b);
+        cubuf_resource_stats_t before = CUBUF_RESOURCE_STATS_INIT, after = CUBUF_RESOURCE_STATS_INIT;
+        T_OK(cubuf_resource_stats(res, &before));
+        const CUdeviceptr ptrs[2] = {cubuf_buffer_ptr(b), cubuf_buffer_ptr(b) + PEER_MIB};
+        const size_t sizes[2] = {cubuf_buffer_size(b), PEER_MIB};
+        bool leaked = false;
+        for (int i = 0; i < 2; i++) {
+            cubuf_buffer_t *w = NULL;
+            T_STATUS(cubuf_buffer_wrap(ptrs[i], sizes[i], res, CU_STREAM_LEGACY, &w), CUBUF_ERROR_INVALID_ARGUMENT);
+            T_CHECK(strstr(cubuf_last_error(), "imported") != NULL);
+            T_CHECK(w == NULL);
+            leaked |= w != NULL; /* closing it would undo the import: left alone */
+        }
+        T_OK(cubuf_resource_stats(res, &after));
+        T_CHECK(after.current_bytes == before.current_bytes && after.current_count == before.current_count &&
+                after.total_allocations == before.total_allocations);
+        T_CHECK(!cubuf_buffer_is_closed(b));
+        size_t bad = 0;
+        T_OK(peer_verify(b, seed, 0, &bad));
+        if (bad != SIZE_MAX) fprintf(stderr, "  %s: the import differs at byte %zu\n", what, bad);
+        T_CHECK(bad == SIZE_MAX);
+        if (!leaked) {
+            T_OK(cubuf_buffer_close(b));
+            cubuf_buffer_release(b);
+        }
+    }
+    cubuf__drv.cuCtxSynchronize();
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+    T_CHECK(fds_back(what, &my_fds, -1));
+}
+
 /* The end of a test program, after the helper stopped and the context was
  * destroyed: the driver keeps the files it opened for the process (device
  * nodes, its uvm file) until the process exits. Those are listed; more

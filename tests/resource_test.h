@@ -10,10 +10,11 @@
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 
-/* The resource's statistics are exactly these (printed on mismatch). */
+/* The resource's counters are exactly these (printed on mismatch). Read with
+ * the first layout: no driver query, so safe while faults are armed. */
 #define T_STATS(res, cur, peak, cnt, pcnt, tot)                                               \
     do {                                                                                      \
-        cubuf_resource_stats_t s_ = {0};                                                      \
+        cubuf_resource_stats_t s_ = {.struct_size = CUBUF_RESOURCE_STATS_SIZE_V1};            \
         T_OK(cubuf_resource_stats((res), &s_));                                               \
         if (s_.current_bytes != (size_t)(cur) || s_.peak_bytes != (size_t)(peak) ||           \
             s_.current_count != (size_t)(cnt) || s_.peak_count != (size_t)(pcnt) ||           \
@@ -45,6 +46,21 @@ static inline void check_props(cubuf_resource_t *res, int device_id, bool host, 
     T_CHECK(p.host_accessible == host);
     T_CHECK(p.managed == managed);
     T_CHECK(p.ipc_enabled == ipc);
+}
+
+/* A resource without a memory pool: trim and the threshold setter refuse
+ * (nothing changes), and the statistics' pool figures are 0. */
+static inline void check_no_pool(cubuf_resource_t *res)
+{
+    T_STATUS(cubuf_resource_trim(res, 0), CUBUF_ERROR_NOT_SUPPORTED);
+    T_CHECK(strstr(cubuf_last_error(), "no memory pool") != NULL);
+    T_STATUS(cubuf_resource_set_release_threshold(res, 0), CUBUF_ERROR_NOT_SUPPORTED);
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
+    s.pool_reserved_current = s.pool_reserved_high = s.pool_used_current = s.pool_used_high = 7;
+    T_OK(cubuf_resource_stats(res, &s));
+    T_CHECK(s.struct_size == sizeof s);
+    T_CHECK(s.pool_reserved_current == 0 && s.pool_reserved_high == 0 && s.pool_used_current == 0 &&
+            s.pool_used_high == 0);
 }
 
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 31 + 7); }

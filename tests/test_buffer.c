@@ -61,7 +61,7 @@ static CUdeviceptr dev_alloc(size_t n)
 
 static void check_stats_zero(const cubuf_resource_t *res)
 {
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(res, &s));
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);
 }
@@ -185,7 +185,7 @@ static void test_wrap(CUcontext ctx, CUstream s1, CUstream s2)
     T_REQUIRE(cubuf_buffer_wrap(dev_alloc(1000), 1000, res, s1, &b));
     T_CHECK(cubuf_buffer_resource(b) == res && cubuf_buffer_device_id(b) == 0);
     T_CHECK(cubuf_buffer_is_device_accessible(b));
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(res, &s));
     T_CHECK(s.current_bytes == 1000 && s.current_count == 1);
     T_OK(cubuf_buffer_close(b));

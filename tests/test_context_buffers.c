@@ -133,7 +133,7 @@ static void test_two_contexts(void)
     T_CHECK(allocated(a) == 1000 && allocated(b) == 2300);
     /* copy_to without a destination counts in the source's context. */
     cubuf_buffer_t *w = NULL;
-    T_OK(cubuf_buffer_copy_to(x, &w, CU_STREAM_LEGACY, NULL));
+    T_OK(cubuf_buffer_copy_to_new(x, CU_STREAM_LEGACY, NULL, &w));
     T_CHECK(allocated(a) == 2000 && allocated(b) == 2300);
     cubuf_buffer_release(x);
     T_CHECK(allocated(a) == 1000 && allocated(b) == 2300);
@@ -309,19 +309,19 @@ static void test_foreign(cubuf_context_t *c)
     cubuf_buffer_t *b = NULL;
     /* 0/0: an empty buffer; the owner still goes through release once. */
     releases = 0;
-    T_REQUIRE(cubuf_context_foreign_buffer(c, 0, 0, &releases, count_release, &b));
+    T_REQUIRE(cubuf_context_foreign_buffer(c, 0, 0, NULL, &releases, count_release, &b));
     T_CHECK(cubuf_buffer_size(b) == 0 && cubuf_buffer_ptr(b) == 0 && !cubuf_buffer_is_closed(b));
     T_CHECK(cubuf_buffer_owner(b) == &releases);
     cubuf_buffer_release(b);
     T_CHECK(releases == 1);
-    T_REQUIRE(cubuf_context_foreign_buffer(c, 0, 0, NULL, NULL, &b));
+    T_REQUIRE(cubuf_context_foreign_buffer(c, 0, 0, NULL, NULL, NULL, &b));
     cubuf_buffer_release(b);
 
     /* A view of device memory with an owner: not counted, released once. */
     CUdeviceptr dev = 0;
     T_CU(cuMemAlloc, &dev, 4096);
     releases = 0;
-    T_REQUIRE(cubuf_context_foreign_buffer(c, dev + 16, 1024, &releases, count_release, &b));
+    T_REQUIRE(cubuf_context_foreign_buffer(c, dev + 16, 1024, NULL, &releases, count_release, &b));
     T_CHECK(cubuf_buffer_ptr(b) == dev + 16 && cubuf_buffer_size(b) == 1024);
     T_CHECK(cubuf_buffer_device_id(b) == 0 && cubuf_buffer_is_device_accessible(b));
     T_CHECK(cubuf_buffer_resource(b) == NULL && allocated(c) == 0);
@@ -331,7 +331,7 @@ static void test_foreign(cubuf_context_t *c)
     T_CHECK(releases == 1);
     /* Described in the context even when nothing is current. */
     T_CU(cuCtxSetCurrent, NULL);
-    T_REQUIRE(cubuf_context_foreign_buffer(c, dev, 4096, NULL, NULL, &b));
+    T_REQUIRE(cubuf_context_foreign_buffer(c, dev, 4096, NULL, NULL, NULL, &b));
     T_CHECK(cubuf_buffer_device_id(b) == 0 && cubuf_buffer_is_device_accessible(b));
     CUcontext cur = (CUcontext)(uintptr_t)1;
     T_CU(cuCtxGetCurrent, &cur);
@@ -343,11 +343,11 @@ static void test_foreign(cubuf_context_t *c)
     /* Errors leave the owner with the caller. */
     releases = 0;
     b = NULL;
-    T_STATUS(cubuf_context_foreign_buffer(c, 0, 16, &releases, count_release, &b),
+    T_STATUS(cubuf_context_foreign_buffer(c, 0, 16, NULL, &releases, count_release, &b),
              CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_context_foreign_buffer(NULL, 0, 0, &releases, count_release, &b),
+    T_STATUS(cubuf_context_foreign_buffer(NULL, 0, 0, NULL, &releases, count_release, &b),
              CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_context_foreign_buffer(c, 0, 0, &releases, count_release, NULL),
+    T_STATUS(cubuf_context_foreign_buffer(c, 0, 0, NULL, &releases, count_release, NULL),
              CUBUF_ERROR_INVALID_ARGUMENT);
     T_CHECK(releases == 0 && b == NULL);
 }

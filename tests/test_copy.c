@@ -96,7 +96,7 @@ static cubuf_resource_t *make_user_res(user_res_t *u)
 
 static cubuf_resource_stats_t stats_of(const cubuf_resource_t *res)
 {
-    cubuf_resource_stats_t st;
+    cubuf_resource_stats_t st = CUBUF_RESOURCE_STATS_INIT;
     memset(&st, 0, sizeof st);
     T_OK(cubuf_resource_stats(res, &st));
     return st;
@@ -115,7 +115,7 @@ static void test_d2d_sizes(void)
         T_CHECK(device_has_pattern(dst, 3));
         /* copy_to into an existing destination. */
         cubuf_buffer_t *dst2 = device_with_pattern(n, 11);
-        T_OK(cubuf_buffer_copy_to(src, &dst2, s, NULL));
+        T_OK(cubuf_buffer_copy_to(src, dst2, s, NULL));
         T_CHECK(device_has_pattern(dst2, 3));
         cubuf_buffer_release(src);
         cubuf_buffer_release(dst);
@@ -157,7 +157,7 @@ static void test_hot_path_cost(void)
      * and nothing is left current afterwards. */
     T_CU(cuCtxSetCurrent, NULL);
     cubuf_buffer_t *dst3 = NULL;
-    T_OK(cubuf_buffer_copy_to(src, &dst3, CU_STREAM_PER_THREAD, NULL));
+    T_OK(cubuf_buffer_copy_to_new(src, CU_STREAM_PER_THREAD, NULL, &dst3));
     CUcontext cur = (CUcontext)(uintptr_t)1;
     T_CU(cuCtxGetCurrent, &cur);
     T_CHECK(cur == NULL);
@@ -250,19 +250,22 @@ static void test_errors(void)
     cubuf_buffer_t *c = device_with_pattern(100, 3);
     T_STATUS(cubuf_buffer_copy_from(a, b, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_buffer_copy_from(b, a, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_buffer_copy_to(a, &b, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_copy_to(a, b, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_buffer_copy_from(NULL, a, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_buffer_copy_from(a, NULL, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_buffer_copy_to(NULL, &b, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_copy_to(NULL, b, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_buffer_copy_to(a, NULL, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_buffer_t *untouched = (cubuf_buffer_t *)&untouched; /* an out-parameter is only written */
+    T_STATUS(cubuf_buffer_copy_to_new(NULL, s, NULL, &untouched), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_copy_to_new(a, s, NULL, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(untouched == (cubuf_buffer_t *)&untouched);
     /* Closed source or destination. */
     T_OK(cubuf_buffer_close(c));
     T_STATUS(cubuf_buffer_copy_from(a, c, s, NULL), CUBUF_ERROR_CLOSED);
     T_STATUS(cubuf_buffer_copy_from(c, a, s, NULL), CUBUF_ERROR_CLOSED);
-    T_STATUS(cubuf_buffer_copy_to(c, &a, s, NULL), CUBUF_ERROR_CLOSED);
-    cubuf_buffer_t *none = NULL;
-    T_STATUS(cubuf_buffer_copy_to(c, &none, s, NULL), CUBUF_ERROR_CLOSED);
-    T_CHECK(none == NULL);
+    T_STATUS(cubuf_buffer_copy_to(c, a, s, NULL), CUBUF_ERROR_CLOSED);
+    T_STATUS(cubuf_buffer_copy_to_new(c, s, NULL, &untouched), CUBUF_ERROR_CLOSED);
+    T_CHECK(untouched == (cubuf_buffer_t *)&untouched);
     T_CHECK(device_has_pattern(a, 1)); /* nothing was written */
     cubuf_buffer_release(a);
     cubuf_buffer_release(b);
@@ -298,12 +301,11 @@ static void test_option_attributes(void)
         cubuf_src_access_order_t order;
         CUmemcpySrcAccessOrder want;
     } orders[] = {{CUBUF_SRC_ACCESS_STREAM, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM},
-                  {CUBUF_SRC_ACCESS_DURING_API_CALL, CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL},
                   {CUBUF_SRC_ACCESS_ANY, CU_MEMCPY_SRC_ACCESS_ORDER_ANY}};
     cubuf_buffer_t *a = device_with_pattern(4096, 0), *b = device_with_pattern(4096, 7);
     g_real_batch = cubuf__drv.cuMemcpyBatchAsync;
     cubuf__drv.cuMemcpyBatchAsync = spy_batch;
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < 2; k++) {
         cubuf_copy_options_t o = opts(orders[k].order);
         memset(&g_seen, 0xff, sizeof g_seen);
         T_OK(cubuf_buffer_copy_from(a, b, s, &o));
@@ -312,7 +314,18 @@ static void test_option_attributes(void)
                 g_seen.dstLocHint.type == CU_MEM_LOCATION_TYPE_INVALID);
         T_CHECK(g_seen.flags == CU_MEMCPY_FLAG_DEFAULT);
     }
-    cubuf_copy_options_t o = opts(CUBUF_SRC_ACCESS_STREAM);
+    /* DURING_API_CALL is kept by cubuf: the driver copies, in stream order,
+     * from host memory cubuf read the source into during the call. */
+    cubuf_copy_options_t o = opts(CUBUF_SRC_ACCESS_DURING_API_CALL);
+    o.dst_location = CUBUF_LOCATION_DEVICE;
+    o.prefer_overlap_with_compute = true;
+    memset(&g_seen, 0xff, sizeof g_seen);
+    T_OK(cubuf_buffer_copy_from(a, b, s, &o));
+    T_CHECK(g_seen_count == 1 && g_seen.srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
+    T_CHECK(g_seen.srcLocHint.type == CU_MEM_LOCATION_TYPE_HOST);
+    T_CHECK(g_seen.dstLocHint.type == CU_MEM_LOCATION_TYPE_DEVICE && g_seen.dstLocHint.id == 0);
+    T_CHECK(g_seen.flags == CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE);
+    o = opts(CUBUF_SRC_ACCESS_STREAM);
     o.src_location = CUBUF_LOCATION_HOST_NUMA;
     o.src_location_id = 0;
     o.dst_location = CUBUF_LOCATION_DEVICE;
@@ -356,7 +369,8 @@ static void test_options(void)
         cubuf_fault_count_calls(true);
         T_OK(cubuf_buffer_copy_from(dst, src, s, &o));
         T_CHECK(cubuf_fault_calls("cuMemcpyBatchAsync") == 1);
-        T_CHECK(cubuf_fault_calls("cuMemcpyAsync") == 0);
+        /* DURING_API_CALL reads the device source on a private stream first. */
+        T_CHECK(cubuf_fault_calls("cuMemcpyAsync") == (orders[k] == CUBUF_SRC_ACCESS_DURING_API_CALL));
         cubuf_fault_count_calls(false);
         T_CHECK(device_has_pattern(dst, (unsigned)k + 30));
         /* H2D from pinned memory, with location hints and the overlap flag. */
@@ -370,7 +384,7 @@ static void test_options(void)
         /* D2H on the per-thread default stream, through copy_to. */
         memset(h, 0, 1000);
         o = opts(orders[k]);
-        T_OK(cubuf_buffer_copy_to(src, &hv, CU_STREAM_PER_THREAD, &o));
+        T_OK(cubuf_buffer_copy_to(src, hv, CU_STREAM_PER_THREAD, &o));
         T_CU(cuStreamSynchronize, CU_STREAM_PER_THREAD);
         T_CHECK(check_pattern(h, 1000, (unsigned)k + 30));
         cubuf_buffer_release(src);
@@ -425,9 +439,10 @@ static void test_options(void)
     o = opts(CUBUF_SRC_ACCESS_ANY);
     T_OK(cubuf_buffer_copy_from(a, c, s, &o));
     T_CHECK(device_has_pattern(a, 5));
+    /* DURING_API_CALL needs nothing from the driver: cubuf keeps it. */
     o = opts(CUBUF_SRC_ACCESS_DURING_API_CALL);
-    T_STATUS(cubuf_buffer_copy_from(a, b, s, &o), CUBUF_ERROR_NOT_SUPPORTED);
-    T_CHECK(device_has_pattern(a, 5));
+    T_OK(cubuf_buffer_copy_from(a, b, s, &o));
+    T_CHECK(device_has_pattern(a, 2));
     o = opts(CUBUF_SRC_ACCESS_STREAM);
     T_STATUS(cubuf_buffer_copy_from(a, b, CU_STREAM_LEGACY, &o), CUBUF_ERROR_INVALID_ARGUMENT);
     cubuf__drv.cuMemcpyBatchAsync = saved;
@@ -447,7 +462,7 @@ static void test_copy_to_allocates(void)
     cubuf_buffer_t *src = device_with_pattern(1000, 50);
     size_t base = bytes_allocated();
     cubuf_buffer_t *dst = NULL;
-    T_OK(cubuf_buffer_copy_to(src, &dst, s, NULL));
+    T_OK(cubuf_buffer_copy_to_new(src, s, NULL, &dst));
     T_REQUIRE(dst ? CUBUF_SUCCESS : CUBUF_ERROR_DRIVER);
     T_CHECK(cubuf_buffer_resource(dst) == cubuf_buffer_resource(src));
     T_CHECK(cubuf_buffer_size(dst) == 1000 && cubuf_buffer_ptr(dst) != cubuf_buffer_ptr(src));
@@ -459,14 +474,14 @@ static void test_copy_to_allocates(void)
     /* With options, on the per-thread default stream. */
     dst = NULL;
     cubuf_copy_options_t o = opts(CUBUF_SRC_ACCESS_ANY);
-    T_OK(cubuf_buffer_copy_to(src, &dst, CU_STREAM_PER_THREAD, &o));
+    T_OK(cubuf_buffer_copy_to_new(src, CU_STREAM_PER_THREAD, &o, &dst));
     T_CU(cuStreamSynchronize, CU_STREAM_PER_THREAD);
     T_CHECK(dst && device_has_pattern(dst, 50));
     cubuf_buffer_release(dst);
     /* Bad options are refused before anything is allocated. */
     dst = NULL;
     cubuf_resource_stats_t before = stats_of(cubuf_buffer_resource(src));
-    T_STATUS(cubuf_buffer_copy_to(src, &dst, CU_STREAM_LEGACY, &o), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_copy_to_new(src, CU_STREAM_LEGACY, &o, &dst), CUBUF_ERROR_INVALID_ARGUMENT);
     T_CHECK(dst == NULL && stats_of(cubuf_buffer_resource(src)).total_allocations ==
                                before.total_allocations);
     T_CHECK(bytes_allocated() == base);
@@ -475,7 +490,7 @@ static void test_copy_to_allocates(void)
     cubuf_buffer_t *empty = NULL;
     T_REQUIRE(cubuf_context_new_buffer(cctx, 0, &empty));
     dst = NULL;
-    T_OK(cubuf_buffer_copy_to(empty, &dst, s, NULL));
+    T_OK(cubuf_buffer_copy_to_new(empty, s, NULL, &dst));
     T_CHECK(dst && cubuf_buffer_size(dst) == 0 && !cubuf_buffer_is_closed(dst));
     cubuf_buffer_release(dst);
     cubuf_buffer_release(empty);
@@ -487,7 +502,7 @@ static void test_copy_to_allocates(void)
     T_REQUIRE(cubuf_resource_allocate(res, 1000, s, &usrc));
     T_OK(cubuf_buffer_copy_from(usrc, src, s, NULL));
     dst = NULL;
-    T_OK(cubuf_buffer_copy_to(usrc, &dst, s, NULL));
+    T_OK(cubuf_buffer_copy_to_new(usrc, s, NULL, &dst));
     T_CHECK(u.allocs == 2 && dst && cubuf_buffer_resource(dst) == res);
     T_CHECK(device_has_pattern(dst, 50));
     T_CHECK(bytes_allocated() == base); /* user resources count nowhere */
@@ -495,14 +510,18 @@ static void test_copy_to_allocates(void)
     cubuf_buffer_release(usrc);
     T_CHECK(u.deallocs == 2 && stats_of(res).current_bytes == 0);
 
-    /* Without a resource (a view, a slice): refused. */
+    /* Without a resource (a view): refused. */
     cubuf_buffer_t *view = NULL, *slice = NULL;
     T_REQUIRE(cubuf_buffer_view(cubuf_buffer_ptr(src), 1000, &view));
     T_REQUIRE(cubuf_buffer_slice(src, 0, 10, &slice));
     dst = NULL;
-    T_STATUS(cubuf_buffer_copy_to(view, &dst, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_buffer_copy_to(slice, &dst, s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_buffer_copy_to_new(view, s, NULL, &dst), CUBUF_ERROR_INVALID_ARGUMENT);
     T_CHECK(dst == NULL);
+    /* A slice's memory is its root's: the copy comes from the root's resource. */
+    T_OK(cubuf_buffer_copy_to_new(slice, s, NULL, &dst));
+    T_CHECK(dst && cubuf_buffer_size(dst) == 10 && cubuf_buffer_resource(dst) == cubuf_buffer_resource(src));
+    T_CHECK(dst && device_has_pattern(dst, 50));
+    cubuf_buffer_release(dst);
     cubuf_buffer_release(view);
     cubuf_buffer_release(slice);
     cubuf_buffer_release(src);
@@ -574,15 +593,16 @@ static void test_batch(void)
     if (graph) T_CU(cuGraphDestroy, graph);
     T_CU(cuStreamDestroy, cs);
 
-    /* Fallback: plain copies; DURING_API_CALL refused. */
+    /* Fallback: plain copies, DURING_API_CALL included. */
     __typeof__(cubuf__drv.cuMemcpyBatchAsync) saved = cubuf__drv.cuMemcpyBatchAsync;
     cubuf__drv.cuMemcpyBatchAsync = NULL;
     T_OK(cubuf_buffer_fill_byte(dst, 0, s));
     T_OK(cubuf_copy_batch(copies, count, s, &o, &failed));
     T_CHECK(device_has_pattern(dst, 60));
     cubuf_copy_options_t during = opts(CUBUF_SRC_ACCESS_DURING_API_CALL);
-    T_STATUS(cubuf_copy_batch(copies, count, s, &during, &failed), CUBUF_ERROR_NOT_SUPPORTED);
-    T_CHECK(failed == count);
+    T_OK(cubuf_buffer_fill_byte(dst, 0, s));
+    T_OK(cubuf_copy_batch(copies, count, s, &during, &failed));
+    T_CHECK(device_has_pattern(dst, 60));
     cubuf__drv.cuMemcpyBatchAsync = saved;
 
     /* Faults: the batch as a whole, and the second plain copy. */
@@ -634,7 +654,7 @@ static void test_faults(void)
             for (unsigned nth = 1; nth < 200 && !succeeded; nth++) {
                 cubuf_buffer_t *dst = NULL;
                 cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
-                cubuf_status_t st = cubuf_buffer_copy_to(src, &dst, s, with_opts ? &o : NULL);
+                cubuf_status_t st = cubuf_buffer_copy_to_new(src, s, with_opts ? &o : NULL, &dst);
                 bool fired = cubuf_fault_fired();
                 cubuf_fault_reset();
                 if (!fired) {

@@ -27,6 +27,7 @@ int main(void)
     suite_transfer(&me, &h, m, 48 * PEER_MIB, 7 * PEER_MIB + 3, 9 * PEER_MIB + 5, 0, true);
     suite_transfer(&me, &h, m, PEER_GIB, 0, 0, 0, true);
     suite_duplicate(&me, &h, m);
+    suite_wrap_refused(&h, m);
     suite_faults(&me, &h, m, 0);
     suite_malformed(&me, &h, m);
     suite_exporter_exits(&me, &h, m);

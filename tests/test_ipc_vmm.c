@@ -64,6 +64,7 @@ int main(void)
     suite_transfer(&me, &h, m, 64 * PEER_MIB, 3 * PEER_MIB + 1, 60 * PEER_MIB, PEER_GROWN, true); /* spans all three chunks */
     suite_transfer(&me, &h, m, PEER_GIB, 0, 0, 0, true);
     read_only(&me, &h);
+    suite_wrap_refused(&h, m);
     suite_duplicate(&me, &h, m);
     suite_faults(&me, &h, m, PEER_GROWN);
     suite_malformed(&me, &h, m);

@@ -151,7 +151,7 @@ static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, si
     T_CU(cuCtxSetCurrent, g_ctx);
     size_t base = settled_free();
     T_CU(cuCtxSetCurrent, before);
-    cubuf_resource_stats_t st0;
+    cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     for (unsigned n = 1; n < 100; n++) {
         cubuf_buffer_t *b = NULL;
@@ -187,7 +187,7 @@ static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, si
  * synchronization or free also leaves the buffer open. */
 static void close_rules(cubuf_resource_t *r, const char *free_call)
 {
-    cubuf_resource_stats_t st0;
+    cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     cubuf_buffer_t *b = NULL;
     T_REQUIRE(cubuf_resource_allocate(r, 4096, g_s, &b));
@@ -373,6 +373,7 @@ static void test_managed(void)
         int pref = prefs[k];
         T_REQUIRE(cubuf_managed_resource_create(0, pref, &r));
         check_props(r, 0, true, true, false);
+        check_no_pool(r);
         /* 1 GiB only where it is prefetched to a card with room to spare. */
         int n = pref == 0 && total >= 8 * GiB ? 4 : 3;
         /* A first round on a resource of its own: whatever UVM makes on first
@@ -439,6 +440,7 @@ static void test_legacy_pinned(void)
     T_STATUS(cubuf_legacy_pinned_resource_create(count, &r), CUBUF_ERROR_OUT_OF_RANGE);
     T_REQUIRE(cubuf_legacy_pinned_resource_create(0, &r));
     check_props(r, -1, true, false, false);
+    check_no_pool(r);
 
     /* Size 0: pointer 0 and no driver call at all on a user stream; on a
      * default stream only the context lookup that records it. */
@@ -484,6 +486,7 @@ static void test_sync_device(void)
     T_STATUS(cubuf_sync_device_resource_create(-1, &r), CUBUF_ERROR_OUT_OF_RANGE);
     T_REQUIRE(cubuf_sync_device_resource_create(0, &r));
     check_props(r, 0, false, false, false);
+    check_no_pool(r);
     size_t base = settled_free();
     size_t sizes[4] = {0, 1, 1000, GiB};
     exercise(r, sizes, 4, false, false);

@@ -200,28 +200,77 @@ static void test_validation(void)
     T_CHECK(cubuf__pool_handle(NULL) == NULL);
 }
 
+/* The default pool is shared with the rest of the process: cubuf leaves
+ * its release threshold as it finds it unless asked, and then sets exactly
+ * what is asked. A distinctive value set beforehand (as another library in
+ * the process might) must survive every creation that does not ask. */
+static void default_threshold_untouched(void)
+{
+    CUmemoryPool dp = default_pool();
+    cuuint64_t theirs = 5 * MiB + 4096;
+    T_CU(cuMemPoolSetAttribute, dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &theirs);
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
+    T_CHECK(threshold(dp) == theirs);
+    cubuf_resource_release(r);
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    T_CHECK(o.release_threshold == CUBUF_RELEASE_THRESHOLD_DEFAULT);
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    T_CHECK(threshold(dp) == theirs);
+    /* allocating and freeing through it changes nothing either */
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(r, MiB, g_s, &b));
+    cubuf_buffer_release(b);
+    T_CU(cuStreamSynchronize, g_s);
+    T_CHECK(threshold(dp) == theirs);
+    cubuf_resource_release(r);
+    /* a private pool and the context's pools leave it alone too */
+    o.private_pool = true;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    cubuf_resource_release(r);
+    T_REQUIRE(cubuf_pinned_resource_create(0, false, &r));
+    cubuf_resource_release(r);
+    cubuf_context_t *c = NULL;
+    T_REQUIRE(cubuf_context_create(0, &c));
+    T_OK(cubuf_context_new_buffer(c, MiB, &b));
+    cubuf_buffer_release(b);
+    T_OK(cubuf_context_new_host_buffer(c, MiB, &b));
+    cubuf_buffer_release(b);
+    T_OK(cubuf_context_synchronize(c));
+    cubuf_context_destroy(c);
+    T_CHECK(threshold(dp) == theirs);
+
+    /* Asked for: set exactly, lower or higher (it is the caller's call). */
+    o = (cubuf_device_resource_options_t)CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.release_threshold = 64 * MiB;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    T_CHECK(threshold(dp) == 64 * MiB);
+    cubuf_resource_release(r);
+    o.release_threshold = MiB;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    T_CHECK(threshold(dp) == MiB);
+    o.release_threshold = SIZE_MAX;
+    cubuf_resource_t *r2 = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r2));
+    T_CHECK(threshold(dp) == UINT64_MAX);
+    cubuf_resource_release(r2);
+    /* and through the setter, on the resource of the default pool */
+    T_OK(cubuf_resource_set_release_threshold(r, (size_t)theirs));
+    T_CHECK(threshold(dp) == theirs);
+    cubuf_resource_release(r);
+    /* the driver's default again for the tests below */
+    cuuint64_t zero = 0;
+    T_CU(cuMemPoolSetAttribute, dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
+}
+
 static void test_default_pool(void)
 {
     CUmemoryPool dp = default_pool();
     cubuf_resource_t *r = NULL;
-    /* The threshold is raised to what is asked... */
-    cuuint64_t before = threshold(dp);
-    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
-    o.release_threshold = 64 * MiB;
-    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
-    T_CHECK(threshold(dp) == (before > 64 * MiB ? before : 64 * MiB));
-    cubuf_resource_release(r);
-    /* ...to everything by default... */
+    default_threshold_untouched();
     T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
-    T_CHECK(threshold(dp) == UINT64_MAX);
     T_CHECK(cubuf__pool_handle(r) == dp);
     check_props(r, 0, false, false, false);
-    /* ...and never lowered: the pool is shared. */
-    cubuf_resource_t *r2 = NULL;
-    o.release_threshold = MiB;
-    T_REQUIRE(cubuf_device_resource_create(0, &o, &r2));
-    T_CHECK(threshold(dp) == UINT64_MAX);
-    cubuf_resource_release(r2);
 
     size_t base = settled_free(dp);
     exercise_sizes(r, g_s, false);
@@ -327,6 +376,146 @@ static void test_private_pool(void)
     T_FREE_BACK(dp, base, "IPC private pool destroyed");
 }
 
+/* ---- memory goes back ---------------------------------------------------------- */
+
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
+{
+    cuuint64_t v = 0;
+    T_CU(cuMemPoolGetAttribute, pool, a, &v);
+    return v;
+}
+
+static cubuf_resource_stats_t stats_now(cubuf_resource_t *r)
+{
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(r, &s));
+    return s;
+}
+
+/* A pool of cubuf's own (no buffer open, threshold at its maximum) keeps
+ * what a freed buffer of `size` bytes used: reserved but unused once the
+ * free has run, and still so after a synchronization; cubuf_resource_trim
+ * gives it back to the device. Read through the statistics and through the
+ * raw pool attributes; the high-water marks stay. */
+static void trim_pool(cubuf_resource_t *r, size_t size)
+{
+    CUmemoryPool pool = cubuf__pool_handle(r);
+    T_CHECK(threshold(pool) == UINT64_MAX);
+    T_CU(cuCtxSynchronize); /* earlier frees have run: nothing of them is in use */
+    T_OK(cubuf_resource_trim(r, 0));
+    cubuf_resource_stats_t s = stats_now(r);
+    T_CHECK(s.current_bytes == 0 && s.pool_reserved_current == 0 && s.pool_used_current == 0);
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(r, size, g_s, &b));
+    T_CU(cuStreamSynchronize, g_s);
+    s = stats_now(r);
+    T_CHECK(s.current_bytes == size);
+    T_CHECK(s.pool_used_current >= size && s.pool_reserved_current >= s.pool_used_current);
+    T_CHECK(s.pool_used_high >= size && s.pool_reserved_high >= s.pool_reserved_current);
+    T_CHECK(s.pool_reserved_current == pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    T_CHECK(s.pool_used_current == pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    T_CHECK(s.pool_reserved_high == pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
+    T_CHECK(s.pool_used_high == pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+    const uint64_t reserved = s.pool_reserved_current, used_high = s.pool_used_high;
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    T_CU(cuStreamSynchronize, g_s);
+    s = stats_now(r);
+    T_CHECK(s.current_bytes == 0 && s.pool_used_current == 0);
+    T_CHECK(s.pool_reserved_current == reserved); /* the synchronization gave nothing back */
+    T_CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == reserved);
+    T_OK(cubuf_resource_trim(r, 0));
+    s = stats_now(r);
+    T_CHECK(s.pool_reserved_current == 0);
+    T_CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0);
+    T_CHECK(s.pool_used_high == used_high && s.pool_reserved_high >= reserved);
+}
+
+/* The release threshold setter sets exactly what it is given. */
+static void threshold_round_trip(cubuf_resource_t *r)
+{
+    CUmemoryPool pool = cubuf__pool_handle(r);
+    const size_t values[] = {3 * MiB, 0, SIZE_MAX, 12345};
+    const cuuint64_t want[] = {3 * MiB, 0, UINT64_MAX, 12345};
+    for (int i = 0; i < 4; i++) {
+        T_OK(cubuf_resource_set_release_threshold(r, values[i]));
+        T_CHECK(threshold(pool) == want[i]);
+    }
+    T_CHECK(cubuf_fault_fail_nth("cuMemPoolSetAttribute", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_resource_set_release_threshold(r, 0), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_fault_fail_nth("cuMemPoolTrimTo", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_resource_trim(r, 0), CUBUF_ERROR_DRIVER);
+    cubuf_fault_reset();
+    T_CHECK(threshold(pool) == 12345);
+    T_OK(cubuf_resource_set_release_threshold(r, SIZE_MAX));
+}
+
+/* The statistics' two layouts on a pool resource: the first one (counters
+ * only) costs no driver call and leaves the bytes after it untouched; the
+ * full one asks the pool four times, and a failed query writes nothing. */
+static void stats_layouts(cubuf_resource_t *r)
+{
+    cubuf_resource_stats_t two[2];
+    memset(two, 0xee, sizeof two);
+    two[0].struct_size = CUBUF_RESOURCE_STATS_SIZE_V1;
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_resource_stats(r, &two[0]));
+    T_CHECK(total_calls() == 0);
+    cubuf_fault_count_calls(false);
+    cubuf_resource_stats_t full = stats_now(r);
+    T_CHECK(two[0].struct_size == CUBUF_RESOURCE_STATS_SIZE_V1);
+    T_CHECK(two[0].current_bytes == full.current_bytes && two[0].peak_bytes == full.peak_bytes &&
+            two[0].total_allocations == full.total_allocations);
+    const unsigned char *tail = (const unsigned char *)two + CUBUF_RESOURCE_STATS_SIZE_V1;
+    size_t touched = 0;
+    for (size_t i = 0; i < sizeof two - CUBUF_RESOURCE_STATS_SIZE_V1; i++) touched += tail[i] != 0xee;
+    T_CHECK(touched == 0);
+    cubuf_fault_count_calls(true);
+    full = stats_now(r);
+    T_CHECK(cubuf_fault_calls("cuMemPoolGetAttribute") == 4);
+    cubuf_fault_count_calls(false);
+    for (unsigned n = 1; n <= 4; n++) {
+        cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT, copy;
+        s.current_bytes = 77;
+        copy = s;
+        T_CHECK(cubuf_fault_fail_nth("cuMemPoolGetAttribute", n, CUDA_ERROR_UNKNOWN));
+        T_STATUS(cubuf_resource_stats(r, &s), CUBUF_ERROR_DRIVER);
+        cubuf_fault_reset();
+        T_CHECK(memcmp(&s, &copy, sizeof s) == 0);
+    }
+}
+
+/* A private pool (threshold at its maximum by default) and the context's
+ * own pools give memory back on a trim. */
+static void test_trim(void)
+{
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
+    trim_pool(r, 256 * MiB);
+    stats_layouts(r);
+    threshold_round_trip(r);
+    T_STATUS(cubuf_resource_trim(NULL, 0), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_set_release_threshold(NULL, 0), CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_resource_release(r);
+
+    /* The context's pools, reached through one of their buffers. */
+    cubuf_context_t *c = NULL;
+    T_REQUIRE(cubuf_context_create(0, &c));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_context_new_host_buffer(c, 0, &b));
+    trim_pool(cubuf_buffer_resource(b), 64 * MiB);
+    cubuf_buffer_release(b);
+    T_REQUIRE(cubuf_context_new_buffer(c, 0, &b));
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(cubuf_buffer_resource(b), &p));
+    if (p.ipc_enabled) trim_pool(cubuf_buffer_resource(b), 64 * MiB); /* else the shared default pool */
+    else printf("note: the context's device pool is the default pool here\n");
+    cubuf_buffer_release(b);
+    cubuf_context_destroy(c);
+}
+
 static void test_max_size(void)
 {
     CUmemoryPool dp = default_pool();
@@ -358,7 +547,7 @@ static void test_max_size(void)
  * closing on one is refused and leaves the buffer open. */
 static void test_capture_refused(cubuf_resource_t *r)
 {
-    cubuf_resource_stats_t st0;
+    cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     CUstream cs;
     T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
@@ -410,6 +599,7 @@ static void test_pinned(void)
     cubuf_buffer_release(b); /* the last release closes it */
     T_STATS(r, 0, GiB + 1001, 0, 3, 4);
     test_capture_refused(r);
+    trim_pool(r, 64 * MiB);
     cubuf_resource_release(r);
 
     cubuf_status_t st = cubuf_pinned_resource_create(0, true, &r);
@@ -434,6 +624,7 @@ static void test_graph(void)
     T_REQUIRE(cubuf_graph_resource_create(0, &r));
     check_props(r, 0, false, false, false);
     T_CHECK(cubuf__pool_handle(r) == NULL); /* not a pool resource: never exported */
+    check_no_pool(r); /* graph memory is not the default pool's to trim */
 
     /* Outside capture: refused, pointing at the pool resources. */
     cubuf_buffer_t *b = NULL;
@@ -574,7 +765,7 @@ static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, CU
     T_CU(cuCtxSetCurrent, g_ctx);
     size_t base = trim ? settled_free(trim) : 0;
     T_CU(cuCtxSetCurrent, before);
-    cubuf_resource_stats_t st0;
+    cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     for (unsigned n = 1; n < 100; n++) {
         cubuf_buffer_t *b = NULL;
@@ -683,8 +874,79 @@ static void test_faults(void)
     cubuf_resource_release(r);
 }
 
+/* ---- the statistics' layouts, on a resource that needs no driver ---------------- */
+
+static cubuf_status_t host_alloc(void *state, size_t size, CUstream stream, CUdeviceptr *ptr)
+{
+    void *p = malloc(size);
+    *ptr = (CUdeviceptr)(uintptr_t)p;
+    return p ? CUBUF_SUCCESS : CUBUF_ERROR_OUT_OF_MEMORY;
+}
+
+static cubuf_status_t host_free(void *state, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    free((void *)(uintptr_t)ptr);
+    return CUBUF_SUCCESS;
+}
+
+/* A struct of the first layout (as a program built against cubuf 0.1 has)
+ * is filled up to its size and not a byte further; a larger one (a newer
+ * header) up to this library's size; a smaller one is refused untouched.
+ * Trim and the threshold setter refuse a resource without a pool. No GPU. */
+static void test_stats_layouts_cpu(void)
+{
+    const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, host_alloc, host_free, NULL};
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true; /* and not device accessible: stream 0 needs no context */
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, &props, NULL, &r));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(r, 1000, NULL, &b));
+
+    cubuf_resource_stats_t two[2];
+    memset(two, 0xee, sizeof two);
+    two[0].struct_size = CUBUF_RESOURCE_STATS_SIZE_V1;
+    T_OK(cubuf_resource_stats(r, &two[0]));
+    T_CHECK(two[0].struct_size == CUBUF_RESOURCE_STATS_SIZE_V1);
+    T_CHECK(two[0].current_bytes == 1000 && two[0].peak_bytes == 1000 && two[0].current_count == 1 &&
+            two[0].peak_count == 1 && two[0].total_allocations == 1);
+    const unsigned char *tail = (const unsigned char *)two + CUBUF_RESOURCE_STATS_SIZE_V1;
+    size_t touched = 0;
+    for (size_t i = 0; i < sizeof two - CUBUF_RESOURCE_STATS_SIZE_V1; i++) touched += tail[i] != 0xee;
+    T_CHECK(touched == 0);
+
+    memset(two, 0xee, sizeof two);
+    two[0].struct_size = sizeof two[0] + 16; /* a newer header's */
+    T_OK(cubuf_resource_stats(r, &two[0]));
+    T_CHECK(two[0].struct_size == sizeof two[0] + 16);
+    T_CHECK(two[0].current_bytes == 1000 && two[0].pool_reserved_current == 0 &&
+            two[0].pool_used_high == 0);
+    touched = 0;
+    for (size_t i = 0; i < sizeof two[1]; i++) touched += ((const unsigned char *)&two[1])[i] != 0xee;
+    T_CHECK(touched == 0);
+
+    const size_t small[] = {0, sizeof(size_t), CUBUF_RESOURCE_STATS_SIZE_V1 - 1};
+    for (int i = 0; i < 3; i++) {
+        memset(two, 0xee, sizeof two);
+        two[0].struct_size = small[i];
+        cubuf_resource_stats_t copy = two[0];
+        T_STATUS(cubuf_resource_stats(r, &two[0]), CUBUF_ERROR_INVALID_ARGUMENT);
+        T_CHECK(strstr(cubuf_last_error(), "cubuf_resource_stats_t") != NULL);
+        T_CHECK(memcmp(&copy, &two[0], sizeof copy) == 0);
+    }
+    T_STATUS(cubuf_resource_stats(r, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_trim(NULL, 0), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_set_release_threshold(NULL, 0), CUBUF_ERROR_INVALID_ARGUMENT);
+    check_no_pool(r);
+    cubuf_buffer_release(b);
+    T_STATS(r, 0, 1000, 0, 1, 1);
+    cubuf_resource_release(r);
+}
+
 int main(void)
 {
+    test_stats_layouts_cpu();
+    if (t_failures) return t_finish("test_resource_pool (before the GPU part)");
     t_require_gpu();
     cubuf_context_t *ctx = NULL;
     T_REQUIRE(cubuf_context_create(0, &ctx));
@@ -700,6 +962,7 @@ int main(void)
     test_default_pool();
     test_private_pool();
     test_max_size();
+    test_trim();
     cubuf_resource_t *r = NULL;
     T_REQUIRE(cubuf_device_resource_create(0, NULL, &r));
     test_capture_refused(r);

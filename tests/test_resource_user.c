@@ -131,7 +131,7 @@ static void test_host_resource(void)
     unsigned char *h = (unsigned char *)(uintptr_t)cubuf_buffer_ptr(b);
     memset(h, 0x42, 1000);
     T_CHECK(h[0] == 0x42 && h[999] == 0x42);
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &s));
     T_CHECK(s.current_bytes == 1000 && s.current_count == 1 && s.total_allocations == 1);
     CUdeviceptr given = u.given;

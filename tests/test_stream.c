@@ -10,28 +10,32 @@ int main(void)
     CUcontext h = ctx->handle;
 
     cubuf_stream_token_t t;
-    /* No current context and no fallback: a default stream cannot be bound. */
+    /* No current context and no own context: a default stream cannot be bound. */
     T_CU(cuCtxSetCurrent, NULL);
-    T_STATUS(cubuf__stream_record(&t, CU_STREAM_LEGACY, NULL, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
-    /* The fallback is used when nothing is current (and is not current). */
-    bool current = true;
-    T_OK(cubuf__stream_record(&t, NULL, h, &current));
-    T_CHECK(t.ctx == h && t.stream == NULL && !current);
+    T_STATUS(cubuf__stream_record(&t, CU_STREAM_LEGACY, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* The memory's own context is used when nothing is current. */
+    T_OK(cubuf__stream_record(&t, NULL, h));
+    T_CHECK(t.ctx == h && t.stream == NULL);
     T_OK(cubuf__stream_sync(&t));
     CUcontext cur = (CUcontext)1;
     T_CU(cuCtxGetCurrent, &cur);
     T_CHECK(cur == NULL); /* sync restored "nothing current" */
 
-    /* The current context wins over the fallback. */
+    /* The memory's own context wins over the current one ("Default streams"). */
+    CUcontext other = NULL;
+    T_CU(cuCtxCreate, &other, NULL, 0, ctx->device); /* current now */
+    T_OK(cubuf__stream_record(&t, CU_STREAM_PER_THREAD, h));
+    T_CHECK(t.ctx == h && t.stream == CU_STREAM_PER_THREAD);
+    /* Memory of no context binds to the current one. */
+    T_OK(cubuf__stream_record(&t, CU_STREAM_LEGACY, NULL));
+    T_CHECK(t.ctx == other);
+    T_CU(cuCtxDestroy, other);
     T_CU(cuCtxSetCurrent, h);
-    T_OK(cubuf__stream_record(&t, CU_STREAM_PER_THREAD, NULL, &current));
-    T_CHECK(t.ctx == h && current);
     /* A user stream is recorded as is, with no context. */
     CUstream s;
     T_CU(cuStreamCreate, &s, CU_STREAM_DEFAULT);
-    current = false;
-    T_OK(cubuf__stream_record(&t, s, h, &current));
-    T_CHECK(t.stream == s && t.ctx == NULL && current);
+    T_OK(cubuf__stream_record(&t, s, h));
+    T_CHECK(t.stream == s && t.ctx == NULL);
 
     /* Capture status: not capturing, then capturing, then the legacy stream
      * reports the implicit dependency as active. */

@@ -25,7 +25,7 @@ static void expect_span(CUdeviceptr address, int ndim, const int64_t *shape,
 {
     cubuf_buffer_t *b = NULL;
     cubuf_status_t st = cubuf_context_buffer_from_strided(cctx, address, ndim, shape, strides,
-                                                          itemsize, NULL, NULL, &b);
+                                                          itemsize, NULL, NULL, NULL, &b);
     if (st != CUBUF_SUCCESS) {
         fprintf(stderr, "line %d: failed: %s\n", line, cubuf_last_error());
         t_failures++;
@@ -48,7 +48,7 @@ static void expect_status(CUdeviceptr address, int ndim, const int64_t *shape,
     cubuf_buffer_t *b = NULL;
     releases = 0;
     cubuf_status_t st = cubuf_context_buffer_from_strided(cctx, address, ndim, shape, strides,
-                                                          itemsize, &releases, count_release, &b);
+                                                          itemsize, NULL, &releases, count_release, &b);
     if (st != want) {
         fprintf(stderr, "line %d: %s, expected %s (%s)\n", line, cubuf_status_name(st),
                 cubuf_status_name(want), cubuf_last_error());
@@ -117,9 +117,9 @@ static void errors(CUdeviceptr a)
     /* ...but an empty array at address 0 is an empty view. */
     STATUS(0, 1, ((int64_t[]){0}), stride1, 4, CUBUF_SUCCESS);
     cubuf_buffer_t *b = NULL;
-    T_STATUS(cubuf_context_buffer_from_strided(NULL, a, 1, shape1, stride1, 4, NULL, NULL, &b),
+    T_STATUS(cubuf_context_buffer_from_strided(NULL, a, 1, shape1, stride1, 4, NULL, NULL, NULL, &b),
              CUBUF_ERROR_INVALID_ARGUMENT);
-    T_STATUS(cubuf_context_buffer_from_strided(cctx, a, 1, shape1, stride1, 4, NULL, NULL, NULL),
+    T_STATUS(cubuf_context_buffer_from_strided(cctx, a, 1, shape1, stride1, 4, NULL, NULL, NULL, NULL),
              CUBUF_ERROR_INVALID_ARGUMENT);
 
     /* Overflow of the span's arithmetic. */
@@ -160,7 +160,7 @@ int main(void)
     spans(hp);
     cubuf_buffer_t *b = NULL;
     T_REQUIRE(cubuf_context_buffer_from_strided(cctx, hp, 1, ((int64_t[]){10}), ((int64_t[]){-4}),
-                                                4, NULL, NULL, &b));
+                                                4, NULL, NULL, NULL, &b));
     T_CHECK(cubuf_buffer_is_host_accessible(b) && cubuf_buffer_is_device_accessible(b));
     T_CHECK(cubuf_buffer_device_id(b) == -1);
     /* The view covers exactly the bytes it spans: device-side fill, host-side check. */
@@ -175,8 +175,8 @@ int main(void)
     /* A strided view of device memory, with its owner, read back. */
     releases = 0;
     T_REQUIRE(cubuf_context_buffer_from_strided(cctx, dev + half, 2, ((int64_t[]){4, 4}),
-                                                ((int64_t[]){32, 8}), 4, &releases, count_release,
-                                                &b));
+                                                ((int64_t[]){32, 8}), 4, NULL, &releases,
+                                                count_release, &b));
     T_CHECK(cubuf_buffer_owner(b) == &releases && cubuf_buffer_device_id(b) == 0);
     T_CU(cuMemsetD8, dev, 0, 2 * half);
     T_OK(cubuf_buffer_fill_byte(b, 0x5c, CU_STREAM_LEGACY));

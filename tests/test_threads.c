@@ -63,7 +63,7 @@ static void *worker(void *arg)
         /* c: a copy of a into a new buffer from a's resource, on s; h: pinned
          * host memory of the context (allocated on its legacy stream, which
          * the synchronous copy above has passed), read by the host. */
-        W_CHECK(cubuf_buffer_copy_to(a, &c, s, NULL) == CUBUF_SUCCESS);
+        W_CHECK(cubuf_buffer_copy_to_new(a, s, NULL, &c) == CUBUF_SUCCESS);
         W_CHECK(cubuf_context_new_host_buffer(g_ctx, size, &h) == CUBUF_SUCCESS);
         W_CHECK(cubuf__drv.cuStreamSynchronize(CU_STREAM_LEGACY) == CUDA_SUCCESS);
         W_CHECK(cubuf_buffer_copy_from(h, c, s, NULL) == CUBUF_SUCCESS);
@@ -104,7 +104,7 @@ int main(void)
     pthread_barrier_destroy(&g_start);
     t_failures += atomic_load(&g_fail);
 
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(g_pool, &s));
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);
     T_CHECK(s.total_allocations == (uint64_t)2 * THREADS * ITERS); /* a and c */

@@ -1,7 +1,8 @@
 /* Virtual memory resource: options validation, allocation, growth in place
  * and by moving, aliasing (writes seen through every alias, closes in every
  * order), copies/fills/attributes on VMM buffers, host-located and managed
- * memory, wrapped ranges, and the chunk query the IPC code uses. */
+ * memory, the refusal of cubuf_buffer_wrap, and the chunk query the IPC code
+ * uses. */
 #include <stdint.h>
 
 #include "test.h"
@@ -15,7 +16,7 @@ static size_t g_gran;
 
 static cubuf_resource_stats_t stats_of(cubuf_resource_t *res)
 {
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     memset(&s, 0, sizeof s);
     T_OK(cubuf_resource_stats(res, &s));
     return s;
@@ -24,7 +25,7 @@ static cubuf_resource_stats_t stats_of(cubuf_resource_t *res)
 static bool live_equal(const cubuf_vmm_live_t *a, const cubuf_vmm_live_t *b)
 {
     return a->reservations == b->reservations && a->mappings == b->mappings &&
-           a->allocations == b->allocations;
+           a->allocations == b->allocations && a->waiters == b->waiters;
 }
 
 static cubuf_vmm_live_t live_now(void)
@@ -55,22 +56,28 @@ static void close_release(cubuf_buffer_t *b)
     cubuf_buffer_release(b);
 }
 
-/* Grows `b` so that the result must move: reserves the addresses right after
- * b's reservations (and so no headroom is left) before growing past them.
- * Returns NULL if the driver would not place the blocking reservation there. */
-static cubuf_buffer_t *grow_blocked(cubuf_resource_t *res, cubuf_buffer_t *b, size_t extra)
+/* Grows `b` past its headroom where the addresses right after its space are
+ * taken, so that the grow must move: by a reservation placed there when the
+ * driver puts it there, else by the hook that makes the grow see its
+ * reservation placed elsewhere, as the driver would. Either way the grow
+ * runs the moving path; *blocked says which one blocked it. */
+static cubuf_buffer_t *grow_blocked(cubuf_resource_t *res, cubuf_buffer_t *b, size_t extra,
+                                    bool *blocked)
 {
     CUdeviceptr end = 0, blk = 0;
     size_t headroom = 0;
     bool ext = false;
     T_REQUIRE(cubuf__vmm_tail(b, &end, &headroom, &ext));
+    T_CHECK(ext);
     T_CU(cuMemAddressReserve, &blk, g_gran, 0, end, 0);
-    if (blk != end) {
+    *blocked = blk == end;
+    if (!*blocked) {
         T_CU(cuMemAddressFree, blk, g_gran);
-        return NULL;
+        cubuf__vmm_test_refuse_extension(true);
     }
     cubuf_buffer_t *n = grow(res, b, cubuf_buffer_size(b) + headroom + extra);
-    T_CU(cuMemAddressFree, blk, g_gran);
+    if (*blocked) T_CU(cuMemAddressFree, blk, g_gran);
+    else cubuf__vmm_test_refuse_extension(false);
     return n;
 }
 
@@ -389,17 +396,11 @@ static void test_grow_moving(cubuf_resource_t *res)
 {
     cubuf_vmm_live_t live0 = live_now();
     for (int order = 0; order < 2; order++) {
-        cubuf_buffer_t *a = NULL, *b = NULL;
-        for (int tries = 0; tries < 8 && !b; tries++) {
-            cubuf_buffer_t *cand = alloc_buf(res, 2 * g_gran);
-            b = grow_blocked(res, cand, 2 * g_gran);
-            if (b) a = cand;
-            else close_release(cand);
-        }
-        if (!b) {
-            printf("SKIP moving path: the driver never placed a reservation right after a range\n");
-            return;
-        }
+        bool blocked = false;
+        cubuf_buffer_t *a = alloc_buf(res, 2 * g_gran);
+        cubuf_buffer_t *b = grow_blocked(res, a, 2 * g_gran, &blocked);
+        printf("moving path, order %d: blocked by %s\n", order,
+               blocked ? "a reservation at the space's end" : "the test hook");
         /* grow_blocked wrote nothing: fill a through a, check through b. */
         T_CHECK(cubuf_buffer_ptr(b) != cubuf_buffer_ptr(a));
         write_pattern(cubuf_buffer_ptr(a), 2 * g_gran, 0, 4);
@@ -545,7 +546,7 @@ static void test_buffer_ops(cubuf_resource_t *res)
     cubuf_buffer_t *g = grow(res, b, 6 * g_gran);
     T_OK(cubuf_buffer_fill_byte(g, 0x5a, s)); /* overwrites b's part too: one memory */
     cubuf_buffer_t *c = NULL;
-    T_OK(cubuf_buffer_copy_to(b, &c, s, NULL)); /* destination from the VMM resource */
+    T_OK(cubuf_buffer_copy_to_new(b, s, NULL, &c)); /* destination from the VMM resource */
     T_CU(cuStreamSynchronize, s);
     T_CHECK(c && cubuf_buffer_size(c) == cubuf_buffer_size(b) && cubuf_buffer_resource(c) == res);
     T_CU(cuMemcpyDtoH, g_host, cubuf_buffer_ptr(c), 4096);
@@ -661,9 +662,12 @@ static void test_host_and_managed(void)
     printf("managed allocations: ok\n");
 }
 
-/* ---- a range mapped outside the resource ------------------------------------------------------ */
+/* ---- memory mapped outside the resource -------------------------------------------------- */
 
-static void test_wrapped(cubuf_resource_t *res)
+/* cubuf_buffer_wrap refuses a VMM resource: its close would have to free a
+ * range it does not know. Nothing changes: no buffer, the same statistics,
+ * the caller's mapping intact. */
+static void test_wrap_refused(cubuf_resource_t *res)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -674,22 +678,36 @@ static void test_wrapped(cubuf_resource_t *res)
     memset(&acc, 0, sizeof acc);
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    size_t n = 4 * g_gran, free0 = t_free_device_memory();
+    size_t n = 4 * g_gran;
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h;
     T_CU(cuMemAddressReserve, &va, n, 0, 0, 0);
     T_CU(cuMemCreate, &h, n, &prop, 0);
     T_CU(cuMemMap, va, n, 0, h, 0);
-    T_CU(cuMemRelease, h);
     T_CU(cuMemSetAccess, va, n, &acc, 1);
-    cubuf_buffer_t *w = NULL, *out = NULL;
-    T_REQUIRE(cubuf_buffer_wrap(va, n, res, 0, &w));
     write_pattern(va, n, 0, 70);
-    T_STATUS(cubuf_vmm_modify_allocation(res, w, 2 * n, NULL, &out), CUBUF_ERROR_INVALID_ARGUMENT);
-    close_release(w);
-    cubuf_resource_stats_t s = stats_of(res);
-    T_CHECK(s.current_bytes == 0);
-    T_CHECK(t_free_device_memory() >= free0);
+    /* A live allocation of the resource, so that unchanged is not just zero. */
+    cubuf_buffer_t *held = alloc_buf(res, g_gran);
+    cubuf_resource_stats_t s0 = stats_of(res);
+    cubuf_vmm_live_t live0 = live_now();
+    cubuf_buffer_t *w = NULL;
+    T_STATUS(cubuf_buffer_wrap(va, n, res, 0, &w), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(w == NULL);
+    T_CHECK(strstr(cubuf_last_error(), "virtual memory") != NULL);
+    T_STATUS(cubuf_buffer_wrap(va, n, res, CU_STREAM_PER_THREAD, &w), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(w == NULL);
+    cubuf_resource_stats_t s1 = stats_of(res);
+    T_CHECK(s1.current_bytes == s0.current_bytes && s1.current_count == s0.current_count &&
+            s1.peak_bytes == s0.peak_bytes && s1.total_allocations == s0.total_allocations);
+    cubuf_vmm_live_t live1 = live_now();
+    T_CHECK(live_equal(&live0, &live1));
+    T_CHECK(check_pattern(va, n, 0, 70)); /* still the caller's, still mapped */
+    close_release(held);
+    T_CU(cuMemUnmap, va, n);
+    T_CU(cuMemRelease, h);
+    T_CU(cuMemAddressFree, va, n);
+    cubuf_resource_stats_t s2 = stats_of(res);
+    T_CHECK(s2.current_bytes == 0);
 }
 
 int main(void)
@@ -710,7 +728,7 @@ int main(void)
     test_mixed_access(res);
     test_buffer_ops(res);
     test_host_and_managed();
-    test_wrapped(res);
+    test_wrap_refused(res);
 
     cubuf_resource_stats_t s = stats_of(res);
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);

@@ -29,7 +29,7 @@ static void on_warning(cubuf_status_t st, const char *msg, void *user)
 
 static cubuf_resource_stats_t stats_of(cubuf_resource_t *res)
 {
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     memset(&s, 0, sizeof s);
     T_OK(cubuf_resource_stats(res, &s));
     return s;
@@ -172,7 +172,7 @@ static void test_legacy_during_capture(cubuf_resource_t *res, CUdeviceptr scratc
     cubuf_vmm_live_t live1;
     cubuf__vmm_live(&live1);
     T_CHECK(live1.reservations == live0.reservations && live1.mappings == live0.mappings &&
-            live1.allocations == live0.allocations);
+            live1.allocations == live0.allocations && live1.waiters == live0.waiters);
     T_CHECK(t_free_device_memory() + (8u << 20) >= free0);
     T_CU(cuStreamDestroy, blocking);
 }

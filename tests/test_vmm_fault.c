@@ -1,10 +1,12 @@
 /* Nothing lost: every driver call on the allocate, grow (in place, in place
- * with a new reservation, moving) and close paths of virtual memory fails
+ * with a new reservation, moving) and close paths (unmapping everything, a
+ * grown tail, the old mapping of a moved grow; unmapping nothing, which
+ * records an event; unmapping after such a close) of virtual memory fails
  * in turn (fault injection, n = 1, 2, ... until the operation runs without
  * reaching the n-th call). Each time:
  *  - a failed operation returns an error; the input buffer is open, holds
- *    its data and works; nothing was left reserved, created or mapped
- *    (cubuf's live counts, the resource's statistics and the device's free
+ *    its data and works; nothing was left reserved, created or mapped, no
+ *    stream or event made (cubuf's live counts, the resource's statistics and the device's free
  *    memory are as before);
  *  - an operation that succeeds although a call failed (a release after the
  *    point of no return is retried) left everything exactly as a clean run. */
@@ -52,7 +54,7 @@ static snap_t snap(void)
 {
     snap_t s;
     cubuf__vmm_live(&s.live);
-    cubuf_resource_stats_t st;
+    cubuf_resource_stats_t st = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(g_res, &st));
     s.bytes = st.current_bytes;
     s.count = st.current_count;
@@ -63,14 +65,17 @@ static snap_t snap(void)
 static bool same(const snap_t *a, const snap_t *b, const char *what, unsigned n, const char *call)
 {
     bool ok = a->live.reservations == b->live.reservations && a->live.mappings == b->live.mappings &&
-              a->live.allocations == b->live.allocations && a->bytes == b->bytes &&
+              a->live.allocations == b->live.allocations && a->live.waiters == b->live.waiters &&
+              a->bytes == b->bytes &&
               a->count == b->count && b->free_mem + FREE_SLACK >= a->free_mem;
     if (!ok)
         fprintf(stderr,
                 "%s, call %u (%s) failed: state changed: reservations %ld->%ld mappings %ld->%ld "
-                "allocations %ld->%ld bytes %zu->%zu count %zu->%zu free %zu->%zu MiB\n",
+                "allocations %ld->%ld waiters %ld->%ld bytes %zu->%zu count %zu->%zu free %zu->%zu "
+                "MiB\n",
                 what, n, call, a->live.reservations, b->live.reservations, a->live.mappings,
-                b->live.mappings, a->live.allocations, b->live.allocations, a->bytes, b->bytes,
+                b->live.mappings, a->live.allocations, b->live.allocations, a->live.waiters,
+                b->live.waiters, a->bytes, b->bytes,
                 a->count, b->count, a->free_mem / MIB, b->free_mem / MIB);
     return ok;
 }
@@ -210,6 +215,8 @@ typedef enum close_kind {
     CLOSE_ONLY,      /* the only buffer: everything goes */
     CLOSE_TAIL,      /* a grow in place: its new part goes */
     CLOSE_MOVED_OLD, /* the old buffer of a moved grow: its mapping goes, the memory stays */
+    CLOSE_DEFERRED,  /* the old buffer of a grow in place: nothing goes, an event is recorded */
+    CLOSE_AFTER_DEFERRED, /* the grown buffer after that: everything goes, after the event */
 } close_kind_t;
 
 typedef struct scene {
@@ -226,6 +233,20 @@ static scene_t make_scene(close_kind_t kind, CUstream s1, CUstream s2)
     write_pattern(cubuf_buffer_ptr(a), SIZE, 0, 4);
     if (kind == CLOSE_ONLY) {
         sc.target = a;
+    } else if (kind == CLOSE_DEFERRED || kind == CLOSE_AFTER_DEFERRED) {
+        cubuf_buffer_t *g = NULL;
+        T_REQUIRE(cubuf_vmm_modify_allocation(g_res, a, 3 * SIZE, NULL, &g));
+        T_CHECK(cubuf_buffer_ptr(g) == cubuf_buffer_ptr(a));
+        write_pattern(cubuf_buffer_ptr(g) + SIZE, 2 * SIZE, SIZE, 4);
+        T_OK(cubuf_buffer_set_deallocation_stream(g, s2));
+        if (kind == CLOSE_DEFERRED) {
+            sc.target = a;
+            sc.other = g;
+        } else {
+            T_OK(cubuf_buffer_close(a));
+            cubuf_buffer_release(a);
+            sc.target = g;
+        }
     } else if (kind == CLOSE_TAIL) {
         cubuf_buffer_t *g = NULL;
         T_REQUIRE(cubuf_vmm_modify_allocation(g_res, a, 3 * SIZE, NULL, &g));
@@ -252,7 +273,9 @@ static scene_t make_scene(close_kind_t kind, CUstream s1, CUstream s2)
 static void fault_close(close_kind_t kind)
 {
     static const char *const names[] = {"close of the only buffer", "close of a grown tail",
-                                        "close of the old buffer of a moved grow"};
+                                        "close of the old buffer of a moved grow",
+                                        "close of the old buffer of a grow in place",
+                                        "close of the grown buffer after that"};
     const char *what = names[kind];
     CUstream s1, s2;
     T_CU(cuStreamCreate, &s1, CU_STREAM_NON_BLOCKING);
@@ -312,6 +335,8 @@ int main(void)
     fault_close(CLOSE_ONLY);
     fault_close(CLOSE_TAIL);
     fault_close(CLOSE_MOVED_OLD);
+    fault_close(CLOSE_DEFERRED);
+    fault_close(CLOSE_AFTER_DEFERRED);
 
     snap_t s1 = snap();
     T_CHECK(same(&s0, &s1, "the whole test", 0, "-"));

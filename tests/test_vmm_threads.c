@@ -41,7 +41,7 @@ typedef struct job {
 static bool live_equal(const cubuf_vmm_live_t *a, const cubuf_vmm_live_t *b)
 {
     return a->reservations == b->reservations && a->mappings == b->mappings &&
-           a->allocations == b->allocations;
+           a->allocations == b->allocations && a->waiters == b->waiters;
 }
 
 static void *closer(void *arg)
@@ -94,7 +94,7 @@ static void test_concurrent_closes(void)
             cubuf_buffer_release(v[i]);
         }
         /* v[0] lost nothing. */
-        cubuf_resource_stats_t s;
+        cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
         T_OK(cubuf_resource_stats(g_res, &s));
         T_CHECK(s.current_bytes == 2 * g_gran && s.current_count == 1);
         uint32_t h[1024];
@@ -173,7 +173,7 @@ static void test_concurrent_grows(void)
         t_failures += jobs[t].fails;
     }
     pthread_barrier_destroy(&g_bar);
-    cubuf_resource_stats_t s;
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(g_res, &s));
     T_CHECK(s.current_bytes == 4 * g_gran && s.current_count == 1);
     uint32_t h[256];

@@ -24,8 +24,12 @@ static int exit_for(cubuf_status_t st)
 
 static int report(cubuf_status_t st, const char *what)
 {
-    if (st == CUBUF_ERROR_NO_DRIVER)
+    int floor = cubuf_driver_min_version();
+    if (st == CUBUF_ERROR_NO_DRIVER && strstr(cubuf_last_error(), "cubuf needs"))
         fprintf(stderr, "cubuf: no usable CUDA driver on this machine (%s).\n", cubuf_last_error());
+    else if (st == CUBUF_ERROR_NO_DRIVER)
+        fprintf(stderr, "cubuf: no usable CUDA driver on this machine (%s); cubuf needs CUDA %d.%d or newer.\n",
+                cubuf_last_error(), floor / 1000, floor % 1000 / 10);
     else if (st == CUBUF_ERROR_NO_DEVICE)
         fprintf(stderr, "cubuf: the CUDA driver found no device (%s).\n", cubuf_last_error());
     else
@@ -56,18 +60,23 @@ static void pool_handle_names(unsigned bits, char *out, size_t n)
 static int cmd_info(bool json)
 {
     int version = 0, count = 0;
+    const int floor = cubuf_driver_min_version();
     cubuf_status_t st = cubuf_driver_version(&version);
     if (st != CUBUF_SUCCESS) {
-        if (json) printf("{\"driver\": null, \"error\": \"%s\"}\n", cubuf_status_name(st));
+        if (json)
+            printf("{\"driver\": null, \"driver_min_version\": %d, \"error\": \"%s\"}\n", floor,
+                   cubuf_status_name(st));
         return report(st, "cubuf_driver_version");
     }
     if ((st = cubuf_device_count(&count)) != CUBUF_SUCCESS) return report(st, "cubuf_device_count");
     if (json)
-        printf("{\"cubuf\": \"%s\", \"driver_version\": %d, \"device_count\": %d, \"devices\": [",
-               cubuf_version_string(), version, count);
+        printf("{\"cubuf\": \"%s\", \"driver_version\": %d, \"driver_min_version\": %d, "
+               "\"device_count\": %d, \"devices\": [",
+               cubuf_version_string(), version, floor, count);
     else
-        printf("cubuf %s\nCUDA driver %d.%d, %d device(s)\n", cubuf_version_string(), version / 1000,
-               version % 1000 / 10, count);
+        printf("cubuf %s\nCUDA driver %d.%d (cubuf needs %d.%d or newer), %d device(s)\n",
+               cubuf_version_string(), version / 1000, version % 1000 / 10, floor / 1000,
+               floor % 1000 / 10, count);
     for (int i = 0; i < count; i++) {
         cubuf_device_info_t d = CUBUF_DEVICE_INFO_INIT;
         if ((st = cubuf_device_get_info(i, &d)) != CUBUF_SUCCESS) {
@@ -150,7 +159,7 @@ static int cmd_demo(void)
     TRY(cubuf_context_bytes_allocated(ctx, &allocated), "cubuf_context_bytes_allocated");
     printf("buffer_from_data: %zu bytes on the device at 0x%llx (bytes_allocated %zu)\n",
            cubuf_buffer_size(src), (unsigned long long)cubuf_buffer_ptr(src), allocated);
-    TRY(cubuf_buffer_copy_to(src, &dst, CU_STREAM_PER_THREAD, NULL), "cubuf_buffer_copy_to");
+    TRY(cubuf_buffer_copy_to_new(src, CU_STREAM_PER_THREAD, NULL, &dst), "cubuf_buffer_copy_to_new");
     TRY(cubuf_context_new_host_buffer(ctx, sizeof msg, &host), "cubuf_context_new_host_buffer");
     TRY(cubuf_buffer_copy_from(host, dst, CU_STREAM_PER_THREAD, NULL), "cubuf_buffer_copy_from");
     TRY(cubuf_context_synchronize(ctx), "cubuf_context_synchronize");

@@ -191,9 +191,14 @@ typedef struct cubuf_ipc_descriptor_info {
 
 #define CUBUF_IPC_DESCRIPTOR_INFO_INIT {sizeof(cubuf_ipc_descriptor_info_t), CUBUF_IPC_MECHANISM_POOL, 0, 0, 0, 0, 0, false}
 
+/** Size of the first released layout (cubuf 0.1, up to host_accessible). */
+#define CUBUF_IPC_DESCRIPTOR_INFO_SIZE_V1 \
+    (offsetof(cubuf_ipc_descriptor_info_t, host_accessible) + sizeof(bool))
+
 /**
- * Fills *info (info->struct_size must be set). Returns
- * CUBUF_ERROR_INVALID_ARGUMENT for NULL or a wrong struct_size.
+ * Fills *info up to info->struct_size (set by CUBUF_IPC_DESCRIPTOR_INFO_INIT).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL or a struct_size below
+ * CUBUF_IPC_DESCRIPTOR_INFO_SIZE_V1.
  */
 CUBUF_API cubuf_status_t cubuf_ipc_descriptor_info(const cubuf_ipc_descriptor_t *desc,
                                                    cubuf_ipc_descriptor_info_t *info);
@@ -212,6 +217,10 @@ typedef struct cubuf_ipc_import_options {
 } cubuf_ipc_import_options_t;
 
 #define CUBUF_IPC_IMPORT_OPTIONS_INIT {sizeof(cubuf_ipc_import_options_t), 0, CUBUF_IPC_ACCESS_READ_WRITE}
+
+/** Size of the first released layout (cubuf 0.1, up to access). */
+#define CUBUF_IPC_IMPORT_OPTIONS_SIZE_V1 \
+    (offsetof(cubuf_ipc_import_options_t, access) + sizeof(cubuf_ipc_access_t))
 
 /**
  * Imports a buffer exported by another process (Buffer.from_ipc_descriptor).
@@ -310,6 +319,9 @@ typedef struct cubuf_ipc_recv_options {
 } cubuf_ipc_recv_options_t;
 
 #define CUBUF_IPC_RECV_OPTIONS_INIT {sizeof(cubuf_ipc_recv_options_t), -1, false, 0, false, 0}
+
+/** Size of the first released layout (cubuf 0.1, up to pid). */
+#define CUBUF_IPC_RECV_OPTIONS_SIZE_V1 (offsetof(cubuf_ipc_recv_options_t, pid) + sizeof(pid_t))
 
 /**
  * Receives one descriptor sent by cubuf_ipc_send and validates it as

@@ -28,16 +28,23 @@
  *  - A close whose deallocation stream (recorded, or given to close_on) is
  *    not a default stream and is capturing fails with
  *    CUBUF_ERROR_STREAM_CAPTURING and leaves the buffer open, as it was.
- *  - Every close waits for the work queued on its deallocation stream
- *    (cuStreamSynchronize). A close that releases memory (the last buffer
- *    over a mapping) also waits for the deallocation streams recorded by the
- *    other open buffers of the range before it unmaps. A non-default stream
- *    among those that is capturing makes the close fail with
- *    CUBUF_ERROR_STREAM_CAPTURING, leaving everything as it was.
- *  - A default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) whose
- *    synchronization would disturb a capture in its context is not
- *    synchronized: the warning handler receives CUBUF_ERROR_STREAM_CAPTURING
- *    with a message, and the close unmaps without waiting for that stream.
+ *  - A close that unmaps nothing (other open buffers still map all of its
+ *    memory, as for the old buffer after a grow in place) does not wait on
+ *    the host: it records an event on its deallocation stream, and the work
+ *    queued there before the close is waited for by the close that later
+ *    unmaps that memory. The stream may be destroyed right after the close.
+ *  - A close that releases memory (the last buffer over a mapping) waits
+ *    (cuStreamSynchronize) for its deallocation stream, for the deallocation
+ *    streams recorded by the other open buffers of the range, and for the
+ *    work the range's earlier closes recorded, before it unmaps. A
+ *    non-default stream among the open buffers' that is capturing makes the
+ *    close fail with CUBUF_ERROR_STREAM_CAPTURING, leaving everything as it
+ *    was.
+ *  - A default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) whose use
+ *    would disturb a capture in its context is neither synchronized nor
+ *    recorded: the warning handler receives CUBUF_ERROR_STREAM_CAPTURING
+ *    with a message, and the memory is unmapped without waiting for the
+ *    work on that stream.
  *  - Unmapping runs with the calling thread's capture mode relaxed, so that a
  *    capture in progress elsewhere in the process is not invalidated by it.
  *  - A failed close leaves the buffer open and its data intact: every
@@ -64,14 +71,14 @@
  * 128 TiB of address space a process has.
  *
  * Deallocation streams order nothing here (virtual memory operations are
- * synchronous): they are the streams a close waits for.
+ * synchronous): they are the streams whose work an unmap waits for.
+ * cubuf_buffer_set_deallocation_stream may be called on a buffer while its
+ * aliases are closed from other threads.
  *
- * cubuf_buffer_wrap(ptr, size, vmm_resource, ...) takes over memory mapped
- * outside the resource (cuda.core's deallocate): [ptr, ptr+size) must be
- * exactly one reservation, fully mapped, whose physical handles the caller
- * has already released, so that unmapping frees them. Closing such a buffer
- * waits for its stream (same capture rules), unmaps it and frees the
- * reservation. It cannot be grown.
+ * cubuf_buffer_wrap(ptr, size, vmm_resource, ...) is refused with
+ * CUBUF_ERROR_INVALID_ARGUMENT, changing nothing: the resource frees only
+ * ranges it allocated, since a close must know which aliases still map the
+ * memory. Wrap memory mapped elsewhere with cubuf_buffer_wrap_external.
  */
 #ifndef CUBUF_VMM_H
 #define CUBUF_VMM_H
@@ -145,6 +152,10 @@ typedef struct cubuf_vmm_options {
      CUBUF_VMM_LOCATION_ID_DEFAULT, CUBUF_VMM_HANDLE_NONE, CUBUF_VMM_GRANULARITY_RECOMMENDED, \
      false, 0, 0, {0}, 0, CUBUF_VMM_ACCESS_READ_WRITE, CUBUF_VMM_ACCESS_READ_WRITE}
 
+/** Size of the first released layout (cubuf 0.1, up to peer_access). */
+#define CUBUF_VMM_OPTIONS_SIZE_V1 \
+    (offsetof(cubuf_vmm_options_t, peer_access) + sizeof(cubuf_vmm_access_t))
+
 /**
  * Creates a virtual memory resource for device `ordinal`
  * (cuda.core VirtualMemoryResource). `options` may be NULL (defaults:
@@ -164,7 +175,7 @@ typedef struct cubuf_vmm_options {
  *
  * Returns:
  *  - CUBUF_ERROR_INVALID_ARGUMENT: out is NULL; options->struct_size is
- *    smaller than this header's cubuf_vmm_options_t; an enum field out of
+ *    below CUBUF_VMM_OPTIONS_SIZE_V1; an enum field out of
  *    range; peer_count above CUBUF_VMM_MAX_PEERS; a peer equal to `ordinal`
  *    or named twice; address_alignment not a power of two; address_hint not
  *    a multiple of the granularity; a location_id the location does not
@@ -241,9 +252,10 @@ CUBUF_API cubuf_status_t cubuf_vmm_granularity(const cubuf_resource_t *res, size
 /**
  * Copies the resource's options into *options as the resource applies them:
  * location_id resolved (the device ordinal for DEVICE, the NUMA node for
- * HOST_NUMA, -1 otherwise) and address_alignment at least the granularity. options->struct_size must be
- * set (CUBUF_VMM_OPTIONS_INIT). Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL
- * arguments, a struct_size too small, or a resource that is not a virtual
+ * HOST_NUMA, -1 otherwise) and address_alignment at least the granularity, up to
+ * options->struct_size (set by CUBUF_VMM_OPTIONS_INIT). Returns
+ * CUBUF_ERROR_INVALID_ARGUMENT for NULL arguments, a struct_size below
+ * CUBUF_VMM_OPTIONS_SIZE_V1, or a resource that is not a virtual
  * memory resource.
  */
 CUBUF_API cubuf_status_t cubuf_vmm_resource_options(const cubuf_resource_t *res,
