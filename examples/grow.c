@@ -39,7 +39,9 @@ int main(void)
         TRY(cubuf_vmm_modify_allocation(vmm, buf, size, NULL, &grown));
         printf("grew to %5zu MiB %s\n", cubuf_buffer_size(grown) >> 20,
                cubuf_buffer_ptr(grown) == before ? "in place" : "by remapping elsewhere");
-        cubuf_buffer_release(buf); /* the old buffer aliases the new one: closing it frees nothing */
+        /* The old buffer aliases the new one: closing it frees nothing and
+         * does not wait for its stream (the final close waits for that work). */
+        cubuf_buffer_release(buf);
         buf = grown;
     }
 

@@ -483,17 +483,20 @@ typedef struct cubuf_copy_options {
  * copy, STREAM and ANY fall back to a plain copy. Location hints only
  * matter for managed and pageable memory; the driver ignores them
  * elsewhere.
- * DURING_API_CALL is kept by cubuf itself, at any size and on any driver:
- * the source is read before the call returns (by the host for pageable and
- * pinned memory; by the driver on a private stream, synchronized, for
- * device and managed memory) into a host block, and the copy to dst runs in
- * stream order from that block, which a host function enqueued after it
- * frees. The source may change as soon as the call returns. It costs a
- * host-memory block of the copy's size and one host memcpy (device
- * sources: a synchronous device-to-host copy too).
+ * DURING_API_CALL is kept by cubuf itself, at any size and on any driver,
+ * without waiting for `stream`: the source is read before the call returns
+ * (by the host for pageable and pinned memory; by the driver on a private
+ * stream, synchronized, for device and managed memory) into a block of
+ * pinned staging memory, and the copy to dst runs in stream order from that
+ * block, which is freed on `stream` after it. The source may change as soon
+ * as the call returns. It costs a private stream, a staging block of the
+ * copy's size from a per-device host pool (kept by the process, holding no
+ * memory between copies) and one host memcpy (device and managed sources:
+ * a synchronized device-to-host copy instead). Devices without host memory
+ * pools refuse it (CUBUF_ERROR_NOT_SUPPORTED).
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buffer), CUBUF_ERROR_CLOSED if
- * either is closed, CUBUF_ERROR_OUT_OF_MEMORY (the DURING_API_CALL block),
- * CUBUF_ERROR_DRIVER.
+ * either is closed, CUBUF_ERROR_NOT_SUPPORTED and CUBUF_ERROR_OUT_OF_MEMORY
+ * (the DURING_API_CALL staging), CUBUF_ERROR_DRIVER.
  * Thread-safety: as any use of a buffer; the caller orders the copy against
  * other work on the two buffers.
  */
@@ -580,13 +583,14 @@ typedef struct cubuf_copy {
  * without options it also uses plain copies for a single copy, on the
  * legacy default stream and on a capturing stream (13.0 drivers cannot
  * capture a batch). Same option rules as cubuf_buffer_copy_from, also for
- * DURING_API_CALL (every source read into one host block during the call).
+ * DURING_API_CALL (every source read into one staging block during the call).
  * count 0 is a no-op. On failure, *failed_index (may be NULL; written on
  * failure only) is the index of the copy that failed, or count when the
  * batch as a whole was refused (bad options, or cuMemcpyBatchAsync failed);
  * after a plain copy failed, the copies before it may have been enqueued.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_OUT_OF_MEMORY (host
- * arrays for a large batch, the DURING_API_CALL block), CUBUF_ERROR_DRIVER.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT, CUBUF_ERROR_NOT_SUPPORTED and
+ * CUBUF_ERROR_OUT_OF_MEMORY (the DURING_API_CALL staging; host arrays for a
+ * large batch), CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_copy_batch(const cubuf_copy_t *copies, size_t count, CUstream stream,
                                           const cubuf_copy_options_t *options, size_t *failed_index);

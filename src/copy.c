@@ -121,119 +121,114 @@ static CUmemcpyAttributes to_attributes(const cubuf_copy_options_t *o)
  *
  * The driver does not keep this promise by itself (seen on the H200, driver
  * 580: from 1 MiB of pageable memory onto a busy stream the call returns at
- * once and the device gets bytes written after it), and a driver without
- * the attributed copy has no way to ask for it. So cubuf reads the sources
- * itself before the call returns: into one host block, by the host for
- * memory the host reads (pageable, pinned) and by the driver on a private
- * non-blocking stream, synchronized, for device and managed memory. The
- * copies then go from that block in stream order, and the block is freed by
- * a host function enqueued after them, once the device has read it. */
+ * once and the device gets bytes written after it; from pinned and device
+ * memory it waits for the stream), and a driver without the attributed copy
+ * has no way to ask for it. So cubuf reads the sources itself before the
+ * call returns, into one block of pinned staging memory (staging.c): by the
+ * host for memory the host reads (pageable, pinned), by the driver on a
+ * private non-blocking stream, synchronized, for device and managed memory.
+ * The copies then go from that block in stream order, with the options'
+ * other hints, and the block is freed on the stream after them. Nothing
+ * waits for the stream. */
 
-static void CUDA_CB free_block(void *block) { free(block); }
-
-/* Reads [src, src+size) into dst now, on the host or through `side`, a
- * private stream made on first need. */
-static cubuf_status_t read_now(void *dst, CUdeviceptr src, size_t size, CUstream *side)
+/* Reads [src, src+size) into the pinned block at dst now: by the host, or
+ * enqueued on `side` (synchronized by the caller). */
+static cubuf_status_t read_now(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream side)
 {
     unsigned int type = 0;
     uint64_t managed = 0; /* the driver writes a bool; a wide zeroed slot reads the same */
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
     void *data[] = {&type, &managed};
     CUresult r = CU_CALL(cuPointerGetAttributes, 2, attrs, data, src);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) return cubuf__cu_status(r, "cuPointerGetAttributes");
-    if (r == CUDA_ERROR_INVALID_VALUE) type = 0;
-    if (!managed && type != CU_MEMORYTYPE_DEVICE) { /* pageable (unknown to the driver) or pinned */
-        memcpy(dst, (const void *)(uintptr_t)src, size);
+    if (r == CUDA_ERROR_INVALID_VALUE) type = 0; /* memory the driver does not know: pageable */
+    else if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttributes");
+    if (!managed && type != CU_MEMORYTYPE_DEVICE) {
+        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, size);
         return CUBUF_SUCCESS;
     }
-    cubuf_status_t st;
-    if (!*side && (st = CU(cuStreamCreate, side, CU_STREAM_NON_BLOCKING)) != CUBUF_SUCCESS) return st;
-    if ((st = CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst, src, size, *side)) != CUBUF_SUCCESS)
-        return st;
-    return CU(cuStreamSynchronize, *side);
+    return CU(cuMemcpyAsync, dst, src, size, side);
 }
 
-/* The sources of the non-empty copies, read into one block now; *staged
- * becomes the same copies from that block (an array of `n` in the block's
- * head). The caller frees the block (free_block) after the copies ran. */
-static cubuf_status_t stage_sources(const cubuf_copy_t *copies, size_t count, size_t n,
-                                    const char *what, void **block, cubuf_copy_t **staged)
+/* Frees the staging block on `s` (after what `s` does with it); where that
+ * cannot be enqueued, synchronizes `s` and frees it on `side`. */
+static void free_block(CUdeviceptr block, CUstream s, CUstream side, const char *what)
 {
-    size_t total = n * sizeof(cubuf_copy_t);
-    for (size_t i = 0; i < count; i++)
-        if (__builtin_add_overflow(total, copies[i].size, &total))
-            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: the copies' sizes overflow", what);
-    unsigned char *b = malloc(total);
-    if (!b)
-        return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
-                           "%s: cannot allocate %zu bytes of host memory to read the source "
-                           "during the call (DURING_API_CALL)", what, total);
-    cubuf_copy_t *list = (cubuf_copy_t *)(void *)b;
-    unsigned char *at = b + n * sizeof(cubuf_copy_t);
-    CUstream side = NULL;
-    cubuf_status_t st = CUBUF_SUCCESS;
-    size_t k = 0;
-    for (size_t i = 0; i < count && st == CUBUF_SUCCESS; i++) {
-        if (!copies[i].size) continue;
-        st = read_now(at, copies[i].src, copies[i].size, &side);
-        list[k++] = (cubuf_copy_t){copies[i].dst, (CUdeviceptr)(uintptr_t)at, copies[i].size};
-        at += copies[i].size;
-    }
-    if (side) {
-        CUresult r = CU_CALL(cuStreamDestroy, side);
-        if (r != CUDA_SUCCESS && st == CUBUF_SUCCESS) st = cubuf__cu_status(r, "cuStreamDestroy");
-    }
-    if (st != CUBUF_SUCCESS) {
-        cubuf__detail_append("%s: reading the source during the call", what);
-        free(b);
-        return st;
-    }
-    *block = b;
-    *staged = list;
-    return CUBUF_SUCCESS;
+    if (s && CU_CALL(cuMemFreeAsync, block, s) == CUDA_SUCCESS) return;
+    if ((!s || CU_CALL(cuStreamSynchronize, s) == CUDA_SUCCESS) &&
+        CU_CALL(cuMemFreeAsync, block, side) == CUDA_SUCCESS &&
+        CU_CALL(cuStreamSynchronize, side) == CUDA_SUCCESS)
+        return;
+    cubuf__warn(CUBUF_ERROR_DRIVER, "%s: a block of staging memory could not be freed and leaks",
+                what);
 }
 
 static cubuf_status_t enqueue(const cubuf_copy_t *copies, size_t count, size_t nonempty,
                               CUstream stream, const cubuf_copy_options_t *options, size_t *failed);
 
-/* The copies with DURING_API_CALL: staged, then enqueued in stream order with
- * the options' other hints. If the host function that frees the block cannot
- * be enqueued, the stream is synchronized and the block freed here. */
-static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count, size_t nonempty,
-                                       CUstream stream, const cubuf_copy_options_t *options,
-                                       const char *what, size_t *failed)
+/* The sources read into a block of the given size, then the copies from it
+ * enqueued on `stream`. `staged` has room for the non-empty copies. */
+static cubuf_status_t stage_and_copy(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                                     size_t total, CUstream stream, const cubuf_copy_options_t *options,
+                                     CUstream side, cubuf_copy_t *staged, const char *what,
+                                     size_t *failed)
 {
-    void *block = NULL;
-    cubuf_copy_t *staged = NULL;
-    cubuf_status_t st = stage_sources(copies, count, nonempty, what, &block, &staged);
+    CUmemoryPool pool = NULL;
+    CUdeviceptr block = 0;
+    cubuf_status_t st = cubuf__staging_pool(&pool);
+    if (st == CUBUF_SUCCESS) st = CU(cuMemAllocFromPoolAsync, &block, total, pool, side);
     if (st != CUBUF_SUCCESS) return st;
+    if ((st = CU(cuStreamSynchronize, side)) != CUBUF_SUCCESS) goto fail; /* the block is ours now */
+    CUdeviceptr at = block;
+    for (size_t i = 0, k = 0; i < count; i++) {
+        if (!copies[i].size) continue;
+        if ((st = read_now(at, copies[i].src, copies[i].size, side)) != CUBUF_SUCCESS) goto fail;
+        staged[k++] = (cubuf_copy_t){copies[i].dst, at, copies[i].size};
+        at += copies[i].size;
+    }
+    if ((st = CU(cuStreamSynchronize, side)) != CUBUF_SUCCESS) goto fail;
     cubuf_copy_options_t o = *options;
     o.src_access_order = CUBUF_SRC_ACCESS_STREAM;
     o.src_location = CUBUF_LOCATION_HOST;
     size_t staged_failed = nonempty;
     if ((st = enqueue(staged, nonempty, nonempty, stream, &o, &staged_failed)) != CUBUF_SUCCESS) {
-        /* Plain copies enqueued before the failed one still read the block. */
-        if (staged_failed > 0 && staged_failed < nonempty &&
-            CU_CALL(cuStreamSynchronize, stream) != CUDA_SUCCESS) {
-            cubuf__warn(st, "%s: staging memory leaks (the stream could not be synchronized "
-                        "after a failed copy)", what);
-            return st;
-        }
-        if (failed && staged_failed < nonempty) { /* the caller's index of that copy */
+        if (failed && staged_failed < nonempty) /* the caller's index of that copy */
             for (size_t i = 0, k = 0; i < count; i++)
                 if (copies[i].size && k++ == staged_failed) *failed = i;
-        }
-        free(block);
+        /* Plain copies enqueued before the failed one still read the block. */
+        free_block(block, staged_failed > 0 && staged_failed < nonempty ? stream : NULL, side, what);
         return st;
     }
-    if (CU_CALL(cuLaunchHostFunc, stream, free_block, block) == CUDA_SUCCESS) return CUBUF_SUCCESS;
-    if (CU_CALL(cuStreamSynchronize, stream) == CUDA_SUCCESS) {
-        free(block);
-        return CUBUF_SUCCESS; /* the copies ran */
-    }
-    cubuf__warn(CUBUF_ERROR_DRIVER, "%s: staging memory leaks (neither a host function nor a "
-                "synchronization could order its free)", what);
+    free_block(block, stream, side, what);
     return CUBUF_SUCCESS;
+fail:
+    free_block(block, NULL, side, what);
+    return st;
+}
+
+/* The copies with DURING_API_CALL, in the current context. */
+static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count, size_t nonempty,
+                                       CUstream stream, const cubuf_copy_options_t *options,
+                                       const char *what, size_t *failed)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++)
+        if (__builtin_add_overflow(total, copies[i].size, &total))
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: the copies' sizes overflow", what);
+    cubuf_copy_t *staged = malloc(nonempty * sizeof *staged);
+    if (!staged)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %zu copy records", what,
+                           nonempty);
+    CUstream side = NULL;
+    cubuf_status_t st = CU(cuStreamCreate, &side, CU_STREAM_NON_BLOCKING);
+    if (st == CUBUF_SUCCESS) {
+        st = stage_and_copy(copies, count, nonempty, total, stream, options, side, staged, what,
+                            failed);
+        CUresult r = CU_CALL(cuStreamDestroy, side);
+        if (r != CUDA_SUCCESS) cubuf__warn(cubuf__cu_map(r), "%s: cuStreamDestroy failed", what);
+    }
+    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s: reading the source during the call", what);
+    free(staged);
+    return st;
 }
 
 /* ---- enqueueing ------------------------------------------------------------ */

@@ -34,8 +34,8 @@
     XO(cuCtxCreate, 12050) XO(cuCtxDestroy, 4000) X(cuStreamCreate, 2000)               \
     X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuStreamQuery, 2000)        \
     X(cuStreamCreateWithPriority, 5050) X(cuCtxGetStreamPriorityRange, 5050)            \
-    X(cuEventQuery, 2000)                                                               \
-    X(cuLaunchHostFunc, 10000)                                                          \
+    X(cuEventQuery, 2000) XO(cuStreamGetFlags, 5050) XO(cuStreamGetPriority, 5050)      \
+    XO(cuLaunchHostFunc, 10000)                                                         \
     X(cuStreamIsCapturing, 10000) X(cuStreamGetCtx, 9020) XO(cuStreamBeginCapture, 10010)\
     XO(cuStreamEndCapture, 10000) X(cuThreadExchangeStreamCaptureMode, 10010)           \
     XO(cuGraphDestroy, 10000) XO(cuGraphInstantiateWithFlags, 11040)                    \

@@ -328,6 +328,13 @@ static inline void cubuf__buffer_take_props(cubuf_buffer_t *buf, const cubuf_res
 /* Returns CUBUF_ERROR_CLOSED (naming `what`) if buf is closed. */
 cubuf_status_t cubuf__buffer_check_open(const cubuf_buffer_t *buf, const char *what);
 
+/* ---- staging (staging.c) ---------------------------------------------------- */
+
+/* The pinned pool that DURING_API_CALL copies read their sources into, for
+ * the current context's device (made on first use, kept for the process).
+ * CUBUF_ERROR_NOT_SUPPORTED where the device has no host memory pools. */
+cubuf_status_t cubuf__staging_pool(CUmemoryPool *out);
+
 /* Records `t` as buf's deallocation stream (through the resource's
  * set_token where it has one). */
 void cubuf__buffer_set_token(cubuf_buffer_t *buf, const cubuf_stream_token_t *t);

@@ -91,6 +91,8 @@ cubuf_status_t cubuf_event_create(cubuf_context_t *ctx, unsigned flags, CUevent 
     CHECK_ARG(!(flags & ~known),
               "cubuf_event_create: flags 0x%x has bits other than CU_EVENT_BLOCKING_SYNC, "
               "CU_EVENT_DISABLE_TIMING and CU_EVENT_INTERPROCESS", flags);
+    CHECK_ARG(!(flags & CU_EVENT_INTERPROCESS) || (flags & CU_EVENT_DISABLE_TIMING),
+              "cubuf_event_create: CU_EVENT_INTERPROCESS needs CU_EVENT_DISABLE_TIMING");
     cubuf_ctx_guard_t g;
     cubuf_status_t st = in_ctx(ctx, &g);
     if (st != CUBUF_SUCCESS) return st;

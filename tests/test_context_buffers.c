@@ -352,6 +352,138 @@ static void test_foreign(cubuf_context_t *c)
     T_CHECK(releases == 0 && b == NULL);
 }
 
+/* A view made through a context runs its work there: copied into a host
+ * view with no context current, filled on stream 0 from a foreign context
+ * (cubuf.h, "Default streams"). */
+static void test_view_context(cubuf_context_t *c)
+{
+    CUdeviceptr dev = 0;
+    T_CU(cuMemAlloc, &dev, 4096);
+    T_CU(cuMemsetD8, dev, 0x3c, 4096);
+    unsigned char host[4096];
+    memset(host, 0, sizeof host);
+    cubuf_buffer_t *hv = NULL, *v = NULL, *sv = NULL;
+    T_REQUIRE(cubuf_buffer_view((CUdeviceptr)(uintptr_t)host, sizeof host, &hv));
+    T_REQUIRE(cubuf_context_foreign_buffer(c, dev, 4096, NULL, NULL, NULL, &v));
+    T_REQUIRE(cubuf_context_buffer_from_strided(c, dev, 1, ((int64_t[]){1024}),
+                                                ((int64_t[]){4}), 4, NULL, NULL, NULL, &sv));
+    T_CU(cuCtxSetCurrent, NULL);
+    T_OK(cubuf_buffer_copy_from(hv, v, NULL, NULL)); /* runs in c, on its legacy stream */
+    T_OK(cubuf_context_synchronize(c));
+    T_CHECK(host[0] == 0x3c && host[4095] == 0x3c);
+    CUcontext other = NULL;
+    T_CU(cuCtxCreate, &other, NULL, 0, 0);
+    T_OK(cubuf_buffer_fill_byte(sv, 0x5d, NULL)); /* c's legacy stream, not other's */
+    T_OK(cubuf_buffer_copy_from(hv, sv, NULL, NULL));
+    T_OK(cubuf_context_synchronize(c));
+    T_CHECK(host[0] == 0x5d && host[4095] == 0x5d);
+    T_CU(cuCtxDestroy, other);
+    T_CU(cuCtxSetCurrent, NULL);
+    cubuf_buffer_release(v); /* drops the view's hold on c with nothing current */
+    cubuf_buffer_release(sv);
+    cubuf_buffer_release(hv);
+    T_CU(cuCtxSetCurrent, ctx);
+    T_CU(cuMemFree, dev);
+}
+
+/* Views with a base (pyarrow's base): the base cannot be closed while the
+ * view is open, and its memory outlives its own handle. */
+static void test_view_base(cubuf_context_t *c)
+{
+    size_t before = allocated(c);
+    cubuf_buffer_t *base = NULL, *v = NULL, *sv = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(c, 8192, &base));
+    T_OK(cubuf_buffer_fill_byte(base, 0x61, CU_STREAM_LEGACY));
+    CUdeviceptr p = cubuf_buffer_ptr(base);
+    releases = 0;
+    T_REQUIRE(cubuf_context_foreign_buffer(c, p + 4096, 4096, base, &releases, count_release, &v));
+    T_REQUIRE(cubuf_context_buffer_from_strided(c, p, 2, ((int64_t[]){16, 16}),
+                                                ((int64_t[]){256, 8}), 8, base, NULL, NULL, &sv));
+    T_CHECK(cubuf_buffer_parent(v) == base && cubuf_buffer_parent(sv) == base);
+    T_CHECK(cubuf_buffer_owner(v) == &releases);
+    T_STATUS(cubuf_buffer_close(base), CUBUF_ERROR_BUSY);
+    T_CHECK(!cubuf_buffer_is_closed(base) && allocated(c) == before + 8192);
+    /* The base's handle goes; its memory stays for the views. */
+    cubuf_buffer_release(base);
+    T_CHECK(allocated(c) == before + 8192);
+    unsigned char h[4096];
+    T_OK(cubuf_buffer_copy_to_host(v, 0, -1, h, sizeof h, CU_STREAM_LEGACY, NULL));
+    T_CHECK(h[0] == 0x61 && h[4095] == 0x61);
+    cubuf_buffer_release(sv);
+    T_CHECK(allocated(c) == before + 8192 && releases == 0);
+    cubuf_buffer_release(v);
+    T_CHECK(allocated(c) == before && releases == 1);
+
+    /* Refusals change nothing: a range outside the base, a closed base. */
+    T_REQUIRE(cubuf_context_new_buffer(c, 4096, &base));
+    v = (cubuf_buffer_t *)&v;
+    T_STATUS(cubuf_context_foreign_buffer(c, cubuf_buffer_ptr(base) + 1, 4096, base, &releases,
+                                          count_release, &v), CUBUF_ERROR_OUT_OF_RANGE);
+    T_STATUS(cubuf_context_buffer_from_strided(c, cubuf_buffer_ptr(base), 1, ((int64_t[]){2}),
+                                               ((int64_t[]){4096}), 1, base, NULL, NULL, &v),
+             CUBUF_ERROR_OUT_OF_RANGE);
+    T_CHECK(v == (cubuf_buffer_t *)&v && atomic_load(&base->refs) == 1 &&
+            atomic_load(&base->open_slices) == 0 && releases == 1);
+    T_OK(cubuf_buffer_close(base));
+    T_STATUS(cubuf_context_foreign_buffer(c, 0, 0, base, NULL, NULL, &v), CUBUF_ERROR_CLOSED);
+    cubuf_buffer_release(base);
+    T_CHECK(allocated(c) == before);
+}
+
+/* Host copies (pyarrow's copy_to_host / copy_from_host): bytes at a
+ * position, "as much as fits", complete on return. */
+static void test_host_copies(cubuf_context_t *c)
+{
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(c, 1000, &b));
+    unsigned char in[600], out[1000];
+    for (size_t i = 0; i < sizeof in; i++) in[i] = (unsigned char)(i * 13 + 1);
+    T_OK(cubuf_buffer_fill_byte(b, 0, CU_STREAM_LEGACY));
+    size_t n = 0;
+    T_OK(cubuf_buffer_copy_from_host(b, in, sizeof in, 500, -1, CU_STREAM_LEGACY, &n));
+    T_CHECK(n == 500); /* the rest of the buffer */
+    T_OK(cubuf_buffer_copy_from_host(b, in, sizeof in, 10, 20, CU_STREAM_PER_THREAD, &n));
+    T_CHECK(n == 20);
+    memset(out, 0xff, sizeof out);
+    T_OK(cubuf_buffer_copy_to_host(b, 0, -1, out, sizeof out, CU_STREAM_LEGACY, &n));
+    T_CHECK(n == 1000);
+    bool ok = true;
+    for (size_t i = 0; i < 1000; i++) {
+        unsigned char want = i >= 500 ? in[i - 500] : (i >= 10 && i < 30) ? in[i - 10] : 0;
+        ok = ok && out[i] == want;
+    }
+    T_CHECK(ok);
+    /* nbytes -1 into a smaller host buffer: as much as fits. */
+    unsigned char small[100];
+    T_OK(cubuf_buffer_copy_to_host(b, 500, -1, small, sizeof small, NULL, &n));
+    T_CHECK(n == 100 && memcmp(small, in, 100) == 0);
+    T_STATUS(cubuf_buffer_copy_to_host(b, 990, 11, out, sizeof out, NULL, &n), CUBUF_ERROR_OUT_OF_RANGE);
+    /* On a capturing stream: refused, the capture intact. */
+    CUstream cs = NULL;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_STATUS(cubuf_buffer_copy_to_host(b, 0, -1, out, sizeof out, cs, &n), CUBUF_ERROR_STREAM_CAPTURING);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    T_CU(cuStreamIsCapturing, cs, &st);
+    T_CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUgraph g = NULL;
+    T_CU(cuStreamEndCapture, cs, &g);
+    if (g) T_CU(cuGraphDestroy, g);
+    T_CU(cuStreamDestroy, cs);
+    /* Every driver call on the path fails once in turn: an error, or the bytes. */
+    bool done = false;
+    for (unsigned nth = 1; nth < 50 && !done; nth++) {
+        memset(out, 0xff, sizeof out);
+        cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t r = cubuf_buffer_copy_to_host(b, 500, 100, out, 100, NULL, &n);
+        cubuf_fault_reset();
+        if (r == CUBUF_SUCCESS) done = memcmp(out, in, 100) == 0 && n == 100;
+        else T_CHECK(r == CUBUF_ERROR_DRIVER);
+    }
+    T_CHECK(done);
+    cubuf_buffer_release(b);
+}
+
 static void test_device_address(cubuf_context_t *c)
 {
     CUdeviceptr d = 0, dpin = 0, out = 0;
@@ -543,6 +675,9 @@ int main(void)
     test_host_buffer(c);
     test_from_data(c);
     test_foreign(c);
+    test_view_context(c);
+    test_view_base(c);
+    test_host_copies(c);
     test_device_address(c);
     test_pool_race();
     fill_pattern(source, sizeof source, 9);

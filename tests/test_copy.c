@@ -97,7 +97,6 @@ static cubuf_resource_t *make_user_res(user_res_t *u)
 static cubuf_resource_stats_t stats_of(const cubuf_resource_t *res)
 {
     cubuf_resource_stats_t st = CUBUF_RESOURCE_STATS_INIT;
-    memset(&st, 0, sizeof st);
     T_OK(cubuf_resource_stats(res, &st));
     return st;
 }

@@ -109,6 +109,7 @@ int main(void)
 {
     t_require_gpu();
     T_REQUIRE(cubuf_context_create(0, &cctx));
+    T_CU(cuCtxSetCurrent, cctx->handle);
     res_case_t cases[16];
     size_t ncases = make_cases(cases);
     const size_t big = 128 * MiB; /* room for a rounded-up 64 MiB */

@@ -63,6 +63,50 @@ int main(void)
     T_CHECK(fake_calls == 2 && cubuf_buffer_is_closed(buf));
     cubuf_buffer_release(buf);
     cubuf_resource_release(res);
+    /* Streams and events: arguments are checked before the driver is needed. */
+    int dummy_ctx = 0, lo = 7, hi = 7;
+    cubuf_context_t *fake_ctx = (cubuf_context_t *)(void *)&dummy_ctx; /* never dereferenced */
+    CUstream s = (CUstream)(uintptr_t)0x77;
+    CUevent e = (CUevent)(uintptr_t)0x77;
+    bool done = false;
+    T_STATUS(cubuf_stream_create(NULL, CU_STREAM_DEFAULT, 0, &s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_create(fake_ctx, CU_STREAM_DEFAULT, 0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_create(fake_ctx, 0x10, 0, &s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "0x10") != NULL);
+    T_STATUS(cubuf_stream_create(fake_ctx, CU_STREAM_NON_BLOCKING, -1, &s), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(s == (CUstream)(uintptr_t)0x77);
+    T_STATUS(cubuf_stream_priority_range(NULL, &lo, &hi), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_priority_range(fake_ctx, NULL, &hi), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_priority_range(fake_ctx, &lo, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_priority_range(fake_ctx, &lo, &hi), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(lo == 7 && hi == 7);
+    T_OK(cubuf_stream_destroy(NULL));
+    T_STATUS(cubuf_stream_destroy(CU_STREAM_LEGACY), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_destroy(CU_STREAM_PER_THREAD), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_destroy(s), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_stream_synchronize(NULL), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_stream_query(s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_query(s, &done), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_stream_wait_event(s, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_stream_wait_event(s, e), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_event_create(NULL, 0, &e), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_create(fake_ctx, 0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_create(fake_ctx, 0x80, &e), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_create(fake_ctx, CU_EVENT_INTERPROCESS, &e), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_create(fake_ctx, CU_EVENT_DISABLE_TIMING, &e), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(e == (CUevent)(uintptr_t)0x77);
+    T_OK(cubuf_event_destroy(NULL));
+    T_STATUS(cubuf_event_destroy(e), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_event_record(NULL, s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_record(e, s), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_event_synchronize(NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_synchronize(e), CUBUF_ERROR_NO_DRIVER);
+    T_STATUS(cubuf_event_query(NULL, &done), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_query(e, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_event_query(e, &done), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(!done);
+    /* The floor needs no driver. */
+    T_CHECK(cubuf_driver_min_version() >= 12000);
     /* The second call reports the same, quickly, from the cached load result. */
     T_STATUS(cubuf_driver_version(&v), CUBUF_ERROR_NO_DRIVER);
     return t_finish("test_nodriver");

@@ -17,7 +17,6 @@ static size_t g_gran;
 static cubuf_resource_stats_t stats_of(cubuf_resource_t *res)
 {
     cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
-    memset(&s, 0, sizeof s);
     T_OK(cubuf_resource_stats(res, &s));
     return s;
 }
@@ -130,7 +129,7 @@ static void test_options(void)
     } while (0)
     CASE((void)0, CUBUF_SUCCESS);
     CASE(o.struct_size = 0, CUBUF_ERROR_INVALID_ARGUMENT);
-    CASE(o.struct_size = sizeof o - 1, CUBUF_ERROR_INVALID_ARGUMENT);
+    CASE(o.struct_size = CUBUF_VMM_OPTIONS_SIZE_V1 - 1, CUBUF_ERROR_INVALID_ARGUMENT);
     CASE(o.allocation_type = (cubuf_vmm_allocation_type_t)7, CUBUF_ERROR_INVALID_ARGUMENT);
     CASE(o.location = (cubuf_vmm_location_t)9, CUBUF_ERROR_INVALID_ARGUMENT);
     CASE(o.location = (cubuf_vmm_location_t)-1, CUBUF_ERROR_INVALID_ARGUMENT);

@@ -30,7 +30,6 @@ static void on_warning(cubuf_status_t st, const char *msg, void *user)
 static cubuf_resource_stats_t stats_of(cubuf_resource_t *res)
 {
     cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
-    memset(&s, 0, sizeof s);
     T_OK(cubuf_resource_stats(res, &s));
     return s;
 }

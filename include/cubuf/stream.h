@@ -17,10 +17,13 @@
  * no current context.
  *
  * Every function checks its arguments before it loads the driver, so bad
- * arguments give CUBUF_ERROR_INVALID_ARGUMENT even without one. Every driver
- * failure is CUBUF_ERROR_DRIVER (CUBUF_ERROR_OUT_OF_MEMORY where the driver
- * says so), with the CUresult in cubuf_last_cuda_result() and the call named
- * in cubuf_last_error(). Without a driver: CUBUF_ERROR_NO_DRIVER.
+ * arguments give CUBUF_ERROR_INVALID_ARGUMENT even without one. A driver
+ * failure is CUBUF_ERROR_DRIVER, with the CUresult in
+ * cubuf_last_cuda_result() and the call named in cubuf_last_error(); as
+ * everywhere in cubuf, CUDA_ERROR_OUT_OF_MEMORY gives
+ * CUBUF_ERROR_OUT_OF_MEMORY and the capture errors (synchronizing a
+ * capturing stream) CUBUF_ERROR_STREAM_CAPTURING. Without a driver:
+ * CUBUF_ERROR_NO_DRIVER.
  * Thread-safety: as the driver's (any stream or event from any thread);
  * destroying one while another thread uses it is the caller's race.
  */
@@ -98,9 +101,9 @@ CUBUF_API cubuf_status_t cubuf_stream_wait_event(CUstream stream, CUevent event)
  * than spins), CU_EVENT_DISABLE_TIMING (cheaper; required with
  * CU_EVENT_INTERPROCESS) and CU_EVENT_INTERPROCESS. The caller owns *out and
  * destroys it with cubuf_event_destroy while `ctx`'s CUDA context lives.
- * Returns CUBUF_ERROR_INVALID_ARGUMENT (a NULL argument, other flag bits),
- * CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER
- * (CU_EVENT_INTERPROCESS without CU_EVENT_DISABLE_TIMING).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (a NULL argument, other flag bits,
+ * CU_EVENT_INTERPROCESS without CU_EVENT_DISABLE_TIMING),
+ * CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER.
  */
 CUBUF_API cubuf_status_t cubuf_event_create(cubuf_context_t *ctx, unsigned flags, CUevent *out);
 
