@@ -60,6 +60,15 @@ awk -v first="$recipe_start" '$0 == first { s = 1 } s && !/^    / { exit } s { s
 [ -s "$tmp/recipe.sh" ] || fail "README.md has no recipe starting with '$recipe_start'"
 grep -q 'app\.c' "$tmp/recipe.sh" || fail "the README's recipe does not build app.c"
 
+# No call of the example drops a status: a function that returns one is never
+# called as a statement of its own (or cast to void).
+status_fns=$(grep -ho 'cubuf_status_t cubuf_[a-z0-9_]*(' "$prefix"/include/cubuf.h "$prefix"/include/cubuf/*.h |
+             sed 's/.* \(cubuf_[a-z0-9_]*\)(/\1/' | sort -u)
+[ -n "$status_fns" ] || fail "no function returning cubuf_status_t found in the installed headers"
+dropped=$(sed -n 's/^[[:space:]]*\((void)[[:space:]]*\)\{0,1\}\(cubuf_[a-z0-9_]*\)(.*/\2/p' "$tmp/app/app.c" |
+          grep -Fxf <(echo "$status_fns") || true)
+[ -z "$dropped" ] || fail "the README's example ignores the status of: $(echo $dropped)"
+
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -c "$tmp/app/app.c" -o "$tmp/app.o" \
   $(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags cubuf) ||
   fail "the README's example does not compile cleanly"

@@ -35,12 +35,13 @@ static void CUDA_CB hold(void *arg)
     while (!atomic_load(&g_release)) usleep(50);
 }
 
-/* Releases a held stream after 5 s, so a call that waits for the stream
+/* Releases a held stream after 30 s (generous: compute-sanitizer slows every
+ * step), so a call that waits for the stream
  * cannot hang the test: it fails it instead. */
 static void *watchdog(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < 5000 && !atomic_load(&g_watchdog_stop); i++) usleep(1000);
+    for (int i = 0; i < 30000 && !atomic_load(&g_watchdog_stop); i++) usleep(1000);
     if (!atomic_load(&g_watchdog_stop) && !atomic_exchange(&g_release, 1))
         atomic_store(&g_watchdog_fired, 1);
     return NULL;
