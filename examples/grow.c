@@ -23,6 +23,13 @@ int main(void)
     cubuf_buffer_t *buf = NULL, *probe = NULL, *host = NULL;
     const char msg[] = "written before the first grow";
 
+    int devices = 0;
+    cubuf_status_t found = cubuf_device_count(&devices);
+    if (found != CUBUF_SUCCESS || devices == 0) {
+        printf("SKIP: needs 1 CUDA device(s): %s\n",
+               found != CUBUF_SUCCESS ? cubuf_last_error() : "not enough devices");
+        return 77;
+    }
     TRY(cubuf_context_create(0, &ctx));
     TRY(cubuf_vmm_resource_create(0, NULL, &vmm));
     TRY(cubuf_resource_allocate(vmm, 2u << 20, CU_STREAM_PER_THREAD, &buf));
