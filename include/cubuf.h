@@ -347,7 +347,10 @@ CUBUF_API cubuf_status_t cubuf_buffer_wrap_external(CUdeviceptr ptr, size_t size
  * (cubuf_buffer_close returns CUBUF_ERROR_BUSY and the root stays open), so
  * no slice ever reaches freed memory. Releasing the root's last handle
  * while slices are open is fine: the memory is freed when the last slice
- * goes. Closing a slice closes only the slice.
+ * goes, on the root's recorded deallocation stream, which must still exist
+ * then (record a created stream that outlives the slices, or close the
+ * root yourself after them, if they may be dropped on another thread or
+ * after the stream is destroyed). Closing a slice closes only the slice.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL), CUBUF_ERROR_CLOSED if the
  * parent is closed, CUBUF_ERROR_OUT_OF_RANGE if the range does not fit the
  * parent, CUBUF_ERROR_OUT_OF_MEMORY.
@@ -483,17 +486,23 @@ typedef struct cubuf_copy_options {
  * copy, STREAM and ANY fall back to a plain copy. Location hints only
  * matter for managed and pageable memory; the driver ignores them
  * elsewhere.
- * DURING_API_CALL is kept by cubuf itself, at any size and on any driver,
- * without waiting for `stream`: the source is read before the call returns
- * (by the host for pageable and pinned memory; by the driver on a private
- * stream, synchronized, for device and managed memory) into a block of
- * pinned staging memory, and the copy to dst runs in stream order from that
- * block, which is freed on `stream` after it. The source may change as soon
- * as the call returns. It costs a private stream, a staging block of the
- * copy's size from a per-device host pool (kept by the process, holding no
- * memory between copies) and one host memcpy (device and managed sources:
- * a synchronized device-to-host copy instead). Devices without host memory
- * pools refuse it (CUBUF_ERROR_NOT_SUPPORTED).
+ * DURING_API_CALL is kept by cubuf itself, at any size, whether or not the
+ * driver has the attributed copy: the source is read before the call
+ * returns (by the host for pageable memory; by the driver on a private
+ * stream, synchronized, for pinned, device and managed memory) into a block
+ * of pinned staging memory, and the copy to dst runs in stream order from
+ * that block, which is freed on `stream` after it. The source may change as
+ * soon as the call returns; the read does not wait for work pending on
+ * `stream` (work there that writes the source is not seen: order it before
+ * the call). For a device destination the call does not wait for `stream`;
+ * for a host destination the driver makes the copy from the block
+ * synchronous with the host, so the call then waits for `stream`. It costs
+ * a private stream, a staging block of the copy's size from a per-device
+ * host pool (kept for the process with a reference to the device's primary
+ * context; it holds no memory between copies) and one host memcpy or one
+ * synchronized device-to-host copy. Where the device has no host memory
+ * pools (or the driver, before 12.6, cannot say) it is refused with
+ * CUBUF_ERROR_NOT_SUPPORTED.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL buffer), CUBUF_ERROR_CLOSED if
  * either is closed, CUBUF_ERROR_NOT_SUPPORTED and CUBUF_ERROR_OUT_OF_MEMORY
  * (the DURING_API_CALL staging), CUBUF_ERROR_DRIVER.

@@ -31,7 +31,7 @@ static cubuf__buffer_cache_t *thread_cache(void)
     if (cubuf__tls_cache) return cubuf__tls_cache;
     pthread_once(&cache_once, cache_key_make);
     if (!cache_key_ok) return NULL;
-    cubuf__buffer_cache_t *c = calloc(1, sizeof *c);
+    cubuf__buffer_cache_t *c = cubuf__calloc(1, sizeof *c);
     if (!c) return NULL;
     if (pthread_setspecific(cache_key, c) != 0) {
         free(c);
@@ -42,7 +42,7 @@ static cubuf__buffer_cache_t *thread_cache(void)
 
 cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out)
 {
-    cubuf_buffer_t *buf = malloc(sizeof *buf);
+    cubuf_buffer_t *buf = cubuf__malloc(sizeof *buf);
     if (!buf) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a buffer object");
     cubuf__buffer_init(buf);
     *out = buf;
@@ -133,6 +133,7 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
 {
     CHECK_ARG(out && resource, "cubuf_buffer_wrap: NULL argument");
     CHECK_ARG(ptr != 0 || size == 0, "cubuf_buffer_wrap: pointer 0 with size %zu", size);
+    CHECK_ARG(ptr + size >= ptr, "cubuf_buffer_wrap: range wraps around the address space");
     if (resource->vt->no_adopt)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "cubuf_buffer_wrap: this resource cannot take over memory it did not "
@@ -294,9 +295,13 @@ cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *buf, CUstrea
     CHECK_ARG(buf, "cubuf_buffer_set_deallocation_stream: buf is NULL");
     cubuf_status_t st = cubuf__buffer_check_open(buf, "cubuf_buffer_set_deallocation_stream");
     if (st != CUBUF_SUCCESS) return st;
+    /* Host-only resources order nothing on a device and need no context;
+     * a buffer that owns no memory (a slice, a view) frees nothing, so its
+     * stream is kept as given, bound to its context if it has one. */
     cubuf_stream_token_t t = {stream, NULL};
-    /* Host-only resources order nothing on a device and need no context. */
-    if (!buf->resource || buf->resource->props.device_accessible)
+    if (!buf->resource)
+        t.ctx = cubuf__stream_is_default(stream) ? cubuf__buffer_exec_ctx(buf) : NULL;
+    else if (buf->resource->props.device_accessible)
         st = cubuf__stream_record(&t, stream, cubuf__buffer_exec_ctx(buf));
     if (st == CUBUF_SUCCESS) cubuf__buffer_set_token(buf, &t);
     return st;

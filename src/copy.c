@@ -125,14 +125,14 @@ static CUmemcpyAttributes to_attributes(const cubuf_copy_options_t *o)
  * memory it waits for the stream), and a driver without the attributed copy
  * has no way to ask for it. So cubuf reads the sources itself before the
  * call returns, into one block of pinned staging memory (staging.c): by the
- * host for memory the host reads (pageable, pinned), by the driver on a
- * private non-blocking stream, synchronized, for device and managed memory.
+ * host for pageable memory, by the driver on a private non-blocking stream,
+ * synchronized, for pinned, device and managed memory.
  * The copies then go from that block in stream order, with the options'
  * other hints, and the block is freed on the stream after them. Nothing
  * waits for the stream. */
 
-/* Reads [src, src+size) into the pinned block at dst now: by the host, or
- * enqueued on `side` (synchronized by the caller). */
+/* Reads [src, src+size) into the pinned block at dst now: pageable memory
+ * by the host, the rest enqueued on `side` (synchronized by the caller). */
 static cubuf_status_t read_now(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream side)
 {
     unsigned int type = 0;
@@ -142,10 +142,12 @@ static cubuf_status_t read_now(CUdeviceptr dst, CUdeviceptr src, size_t size, CU
     CUresult r = CU_CALL(cuPointerGetAttributes, 2, attrs, data, src);
     if (r == CUDA_ERROR_INVALID_VALUE) type = 0; /* memory the driver does not know: pageable */
     else if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuPointerGetAttributes");
-    if (!managed && type != CU_MEMORYTYPE_DEVICE) {
+    if (type == 0 && !managed) {
         memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, size);
         return CUBUF_SUCCESS;
     }
+    /* Device, managed and pinned memory (whose device alias need not be a
+     * host address) are read by the driver, on the idle private stream. */
     return CU(cuMemcpyAsync, dst, src, size, side);
 }
 
@@ -194,8 +196,8 @@ static cubuf_status_t stage_and_copy(const cubuf_copy_t *copies, size_t count, s
         if (failed && staged_failed < nonempty) /* the caller's index of that copy */
             for (size_t i = 0, k = 0; i < count; i++)
                 if (copies[i].size && k++ == staged_failed) *failed = i;
-        /* Plain copies enqueued before the failed one still read the block. */
-        free_block(block, staged_failed > 0 && staged_failed < nonempty ? stream : NULL, side, what);
+        /* Copies enqueued before the failure may still read the block. */
+        free_block(block, stream, side, what);
         return st;
     }
     free_block(block, stream, side, what);
@@ -214,7 +216,7 @@ static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count,
     for (size_t i = 0; i < count; i++)
         if (__builtin_add_overflow(total, copies[i].size, &total))
             return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: the copies' sizes overflow", what);
-    cubuf_copy_t *staged = malloc(nonempty * sizeof *staged);
+    cubuf_copy_t *staged = cubuf__malloc(nonempty * sizeof *staged);
     if (!staged)
         return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %zu copy records", what,
                            nonempty);
@@ -253,9 +255,9 @@ static cubuf_status_t batch_arrays_fill(batch_arrays_t *b, const cubuf_copy_t *c
         b->srcs = b->small_srcs;
         b->sizes = b->small_sizes;
     } else {
-        b->dsts = malloc(nonempty * sizeof *b->dsts);
-        b->srcs = malloc(nonempty * sizeof *b->srcs);
-        b->sizes = malloc(nonempty * sizeof *b->sizes);
+        b->dsts = cubuf__malloc(nonempty * sizeof *b->dsts);
+        b->srcs = cubuf__malloc(nonempty * sizeof *b->srcs);
+        b->sizes = cubuf__malloc(nonempty * sizeof *b->sizes);
         if (!b->dsts || !b->srcs || !b->sizes) {
             free(b->dsts);
             free(b->srcs);

@@ -10,6 +10,7 @@
 
 #include "cubuf.h"
 #include "abi.h"
+#include "alloc.h"
 #include "driver.h"
 
 /* ---- errors (error.c) ---------------------------------------------------- */
@@ -349,11 +350,10 @@ void cubuf__buffer_attach(cubuf_buffer_t *buf, cubuf_buffer_t *root);
  * "Default streams"). Inline: every copy and fill asks. */
 static inline CUcontext cubuf__buffer_exec_ctx(const cubuf_buffer_t *buf)
 {
-    for (const cubuf_buffer_t *b = buf; b; b = b->parent) {
-        if (b->resource && b->resource->ctx) return b->resource->ctx->handle;
-        if (b->view_ctx) return b->view_ctx->handle;
-    }
-    return NULL;
+    const cubuf_buffer_t *root = buf->parent ? buf->parent : buf; /* parents are roots */
+    if (root->resource && root->resource->ctx) return root->resource->ctx->handle;
+    if (root->view_ctx) return root->view_ctx->handle;
+    return buf->view_ctx ? buf->view_ctx->handle : NULL;
 }
 
 #endif

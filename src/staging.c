@@ -2,7 +2,8 @@
  * (CUBUF_SRC_ACCESS_DURING_API_CALL, copy.c).
  *
  * One host-located pool per device, made on first use and kept for the
- * process (it holds no memory between copies: release threshold 0). The
+ * process with a reference to the device's primary context (it holds no
+ * memory between copies: release threshold 0). The
  * block must be pinned: a copy from pageable memory makes the driver wait
  * for the stream, which is what the option is used to avoid. Its reuse
  * follows no stream dependencies (neither event nor internal ones): a block
@@ -28,20 +29,29 @@ static cubuf_status_t set_attr(CUmemoryPool pool, CUmemPool_attribute attr, int 
 
 static cubuf_status_t make_pool(CUdevice dev, CUmemoryPool *out)
 {
+    /* Drivers before 12.6 do not know the attribute at all. */
     int v = 0;
     cubuf_status_t st = cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v);
-    if (st != CUBUF_SUCCESS) return st;
-    if (!v)
+    if (st != CUBUF_SUCCESS || !v)
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                           "src_access_order DURING_API_CALL: device %d has no host memory pools, "
-                           "which cubuf reads the source into during the call", (int)dev);
+                           "src_access_order DURING_API_CALL: device %d has no host memory pools "
+                           "(or this driver cannot say), which cubuf reads the source into during "
+                           "the call", (int)dev);
+    /* The pool must outlive every context of the device: hold the primary
+     * context for the process, so that releasing the last cubuf context
+     * cannot take the pool with it. */
+    CUcontext primary = NULL;
+    if ((st = CU(cuDevicePrimaryCtxRetain, &primary, dev)) != CUBUF_SUCCESS) return st;
     CUmemPoolProps pp;
     memset(&pp, 0, sizeof pp);
     pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     pp.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
     pp.location.type = CU_MEM_LOCATION_TYPE_HOST;
     CUmemoryPool pool = NULL;
-    if ((st = CU(cuMemPoolCreate, &pool, &pp)) != CUBUF_SUCCESS) return st;
+    if ((st = CU(cuMemPoolCreate, &pool, &pp)) != CUBUF_SUCCESS) {
+        CU_CALL(cuDevicePrimaryCtxRelease, dev);
+        return st;
+    }
     CUmemAccessDesc access;
     memset(&access, 0, sizeof access);
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -53,6 +63,7 @@ static cubuf_status_t make_pool(CUdevice dev, CUmemoryPool *out)
     if (st != CUBUF_SUCCESS) {
         CUresult r = CU_CALL(cuMemPoolDestroy, pool);
         if (r != CUDA_SUCCESS) cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy failed while unwinding");
+        CU_CALL(cuDevicePrimaryCtxRelease, dev);
         return st;
     }
     *out = pool;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "alloc_fault_test.h"
 #include "resource_pool.h"
 #include "test.h"
 
@@ -373,6 +374,7 @@ static void test_view_context(cubuf_context_t *c)
     T_CHECK(host[0] == 0x3c && host[4095] == 0x3c);
     CUcontext other = NULL;
     T_CU(cuCtxCreate, &other, NULL, 0, 0);
+    T_CHECK(cubuf__buffer_exec_ctx(sv) == ctx && cubuf__buffer_exec_ctx(v) == ctx);
     T_OK(cubuf_buffer_fill_byte(sv, 0x5d, NULL)); /* c's legacy stream, not other's */
     T_OK(cubuf_buffer_copy_from(hv, sv, NULL, NULL));
     T_OK(cubuf_context_synchronize(c));
@@ -413,6 +415,22 @@ static void test_view_base(cubuf_context_t *c)
     T_CHECK(allocated(c) == before + 8192 && releases == 0);
     cubuf_buffer_release(v);
     T_CHECK(allocated(c) == before && releases == 1);
+
+    /* A view made through another context over a base runs where the base's
+     * memory belongs (cubuf.h, "Default streams"). */
+    CUcontext priv = NULL;
+    T_CU(cuCtxCreate, &priv, NULL, 0, 0);
+    T_CU(cuCtxSetCurrent, ctx);
+    cubuf_context_t *other = NULL;
+    T_REQUIRE(cubuf_context_wrap(priv, &other));
+    T_REQUIRE(cubuf_context_new_buffer(c, 4096, &base));
+    T_REQUIRE(cubuf_context_foreign_buffer(other, cubuf_buffer_ptr(base), 4096, base, NULL, NULL, &v));
+    T_CHECK(cubuf__buffer_exec_ctx(v) == ctx);
+    cubuf_buffer_release(v);
+    cubuf_buffer_release(base);
+    cubuf_context_destroy(other);
+    T_CU(cuCtxDestroy, priv);
+    T_CU(cuCtxSetCurrent, ctx);
 
     /* Refusals change nothing: a range outside the base, a closed base. */
     T_REQUIRE(cubuf_context_new_buffer(c, 4096, &base));
@@ -612,7 +630,9 @@ static long net_allocations(const char *fired)
     return allocs - frees;
 }
 
-static void fault_path(make_fn make, const char *name)
+/* Fails every driver call (alloc false) or every host allocation (alloc
+ * true) on the path in turn. */
+static void fault_path(make_fn make, const char *name, bool alloc)
 {
     cubuf_context_t *c = NULL;
     T_REQUIRE(cubuf_context_create(0, &c));
@@ -621,9 +641,11 @@ static void fault_path(make_fn make, const char *name)
     for (unsigned nth = 1; nth < 300 && !succeeded; nth++) {
         cubuf_buffer_t *b = NULL;
         cubuf_fault_count_calls(true);
-        cubuf_fault_fail_any_nth(nth, CUDA_ERROR_OUT_OF_MEMORY);
+        if (alloc) t_fail_alloc_nth(nth);
+        else cubuf_fault_fail_any_nth(nth, CUDA_ERROR_OUT_OF_MEMORY);
         cubuf_status_t st = make(c, &b);
         bool fired = cubuf_fault_fired();
+        if (fired) T_CHECK(st == CUBUF_ERROR_OUT_OF_MEMORY && cubuf_fault_fired_alloc() == alloc);
         long net = net_allocations(fired ? cubuf_fault_fired_name() : "");
         cubuf_fault_reset();
         /* The driver's own count: what a failure allocated, it freed. */
@@ -656,7 +678,7 @@ static void fault_path(make_fn make, const char *name)
         T_CHECK(cur == ctx);
     }
     cubuf_fault_count_calls(false);
-    T_CHECK(succeeded && failures >= 2);
+    T_CHECK(succeeded && failures >= (alloc ? 1u : 2u));
     T_CHECK(allocated(c) == 0);
     cubuf_context_destroy(c);
 }
@@ -681,9 +703,11 @@ int main(void)
     test_device_address(c);
     test_pool_race();
     fill_pattern(source, sizeof source, 9);
-    fault_path(make_device, "cubuf_context_new_buffer");
-    fault_path(make_host, "cubuf_context_new_host_buffer");
-    fault_path(make_from_data, "cubuf_context_buffer_from_data");
+    for (int alloc = 0; alloc < 2; alloc++) {
+        fault_path(make_device, "cubuf_context_new_buffer", alloc);
+        fault_path(make_host, "cubuf_context_new_host_buffer", alloc);
+        fault_path(make_from_data, "cubuf_context_buffer_from_data", alloc);
+    }
 
     T_CHECK(allocated(c) == 0);
     T_CU(cuCtxSynchronize);

@@ -136,8 +136,8 @@ static void check_held(src_kind_t kind, size_t n, bool batch, CUstream s)
     cubuf_buffer_t *dst = NULL, *view = NULL;
     T_REQUIRE(cubuf_context_new_buffer(cctx, n, &dst));
     T_CU(cuMemsetD8, cubuf_buffer_ptr(dst), 0, n);
-    T_CU(cuCtxSynchronize);
     source_set(&src, 0xa1);
+    T_CU(cuCtxSynchronize); /* a device memset is asynchronous */
     T_REQUIRE(cubuf_buffer_view(src.ptr, n, &view));
     cubuf_copy_options_t o = during();
 
@@ -187,8 +187,8 @@ static void check_faults(src_kind_t kind, CUstream s)
     unsigned nth;
     for (nth = 1; nth < 100 && !succeeded; nth++) {
         T_CU(cuMemsetD8, cubuf_buffer_ptr(dst), 0, n);
-        T_CU(cuCtxSynchronize);
         source_set(&src, (unsigned char)(0x10 + nth));
+        T_CU(cuCtxSynchronize);
         cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
         cubuf_status_t st = cubuf_buffer_copy_from(dst, view, s, &o);
         cubuf_fault_reset();
@@ -203,6 +203,13 @@ static void check_faults(src_kind_t kind, CUstream s)
         }
     }
     T_CHECK(succeeded && nth > 2); /* at least one call on the path was failed */
+    /* Every staging block came back, on the failure paths too. */
+    CUmemoryPool pool = NULL;
+    T_OK(cubuf__staging_pool(&pool));
+    cuuint64_t used = 1;
+    T_CU(cuCtxSynchronize);
+    T_CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    T_CHECK(used == 0);
     cubuf_buffer_release(view);
     cubuf_buffer_release(dst);
     source_free(&src);

@@ -82,6 +82,9 @@ static void test_slices_keep_memory(void)
     CUstream before = root->dealloc.stream;
     T_STATUS(cubuf_buffer_close_on(root, (CUstream)(uintptr_t)0x1234), CUBUF_ERROR_BUSY);
     T_CHECK(root->dealloc.stream == before && !cubuf_buffer_is_closed(root));
+    /* A slice frees nothing: its deallocation stream needs no context or driver. */
+    T_OK(cubuf_buffer_set_deallocation_stream(a, NULL));
+    T_OK(cubuf_buffer_set_deallocation_stream(a, CU_STREAM_PER_THREAD));
     /* The last release of a slice while the root is in use elsewhere. */
     T_OK(cubuf_buffer_close(a));
     T_CHECK(cubuf_buffer_is_closed(a));
