@@ -103,6 +103,12 @@ typedef enum cubuf_status {
 #undef CUBUF_STATUS_ENUM_
 } cubuf_status_t;
 
+/* Host memory: a function that makes an object (context, resource, buffer,
+ * descriptor) or needs host scratch memory may also return
+ * CUBUF_ERROR_OUT_OF_MEMORY when a host allocation fails, whether or not its
+ * list below names it; it then returns no object, holds nothing and leaves
+ * its inputs as they were. */
+
 /** "CUBUF_ERROR_CLOSED" for CUBUF_ERROR_CLOSED; "CUBUF_UNKNOWN_STATUS" otherwise. Static. */
 CUBUF_API const char *cubuf_status_name(cubuf_status_t status);
 /** A sentence describing the status ("buffer is closed"). Static. */

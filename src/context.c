@@ -46,7 +46,7 @@ cubuf_status_t cubuf__context_for_device(int ordinal, cubuf_context_t **out)
     CUdevice dev;
     cubuf_status_t st = check_ordinal(ordinal, &dev);
     if (st != CUBUF_SUCCESS) return st;
-    cubuf_context_t *ctx = calloc(1, sizeof *ctx);
+    cubuf_context_t *ctx = cubuf__calloc(1, sizeof *ctx);
     if (!ctx) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a context");
     if ((st = CU(cuDevicePrimaryCtxRetain, &ctx->handle, dev)) != CUBUF_SUCCESS) {
         cubuf__detail_append("device %d", ordinal);
@@ -87,7 +87,7 @@ cubuf_status_t cubuf_context_wrap(CUcontext handle, cubuf_context_t **out)
         CUdevice d;
         if (CU(cuDeviceGet, &d, i) == CUBUF_SUCCESS && d == dev) ordinal = i;
     }
-    cubuf_context_t *ctx = calloc(1, sizeof *ctx);
+    cubuf_context_t *ctx = cubuf__calloc(1, sizeof *ctx);
     if (!ctx) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a context");
     atomic_init(&ctx->refs, 1);
     atomic_init(&ctx->users, 1);

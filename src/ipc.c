@@ -383,7 +383,7 @@ static bool pool_range_too_small(CUdeviceptr ptr, const cubuf_ipc_descriptor_t *
 static cubuf_status_t import_pool_ptr(pool_entry_t *e, const cubuf_ipc_descriptor_t *d,
                                       pool_ptr_t **out)
 {
-    pool_ptr_t *p = calloc(1, sizeof *p);
+    pool_ptr_t *p = cubuf__calloc(1, sizeof *p);
     if (!p) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a pool import");
     memcpy(p->export_data, d->export_data, sizeof p->export_data);
     CUmemPoolPtrExportData data;
@@ -422,7 +422,7 @@ static cubuf_status_t import_pool(const cubuf_context_t *c, const cubuf_ipc_desc
     }
     bool new_entry = false;
     if (!e) {
-        e = calloc(1, sizeof *e);
+        e = cubuf__calloc(1, sizeof *e);
         if (!e) {
             st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a pool import");
             goto out;
@@ -547,8 +547,8 @@ static cubuf_status_t import_vmm(const cubuf_context_t *c, cubuf_ipc_access_t ac
     size_t n = d->nchunks;
     cubuf_status_t st;
     CHECK(check_local_granularity(c, d));
-    imp->handles = calloc(n, sizeof *imp->handles);
-    imp->sizes = malloc(n * sizeof *imp->sizes);
+    imp->handles = cubuf__calloc(n, sizeof *imp->handles);
+    imp->sizes = cubuf__malloc(n * sizeof *imp->sizes);
     if (!imp->handles || !imp->sizes) {
         st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate an import of %zu chunks", n);
         goto fail;
@@ -850,7 +850,7 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
     res->props.device_id = res->props.host_accessible ? -1 : c->ordinal;
     res->props.device_accessible = true;
     CHECK(cubuf__buffer_new(&buf));
-    imp = calloc(1, sizeof *imp);
+    imp = cubuf__calloc(1, sizeof *imp);
     if (!imp) {
         st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate an IPC import");
         goto fail;

@@ -66,18 +66,18 @@ static bool all_zero(const uint8_t *p, size_t n)
 cubuf_status_t cubuf__ipc_desc_new(cubuf_ipc_mechanism_t mechanism, size_t nfds,
                                    cubuf_ipc_descriptor_t **out)
 {
-    cubuf_ipc_descriptor_t *d = calloc(1, sizeof *d);
+    cubuf_ipc_descriptor_t *d = cubuf__calloc(1, sizeof *d);
     if (!d) goto oom;
     d->mechanism = mechanism;
     d->handle_type = mechanism == CUBUF_IPC_MECHANISM_LEGACY ? 0 : CUBUF__IPC_HANDLE_POSIX_FD;
     if (nfds) {
-        d->fds = malloc(nfds * sizeof *d->fds);
+        d->fds = cubuf__malloc(nfds * sizeof *d->fds);
         if (!d->fds) goto oom;
         for (size_t i = 0; i < nfds; i++) d->fds[i] = -1;
         d->nfds = nfds;
     }
     if (mechanism == CUBUF_IPC_MECHANISM_VMM && nfds) {
-        d->chunk_sizes = calloc(nfds, sizeof *d->chunk_sizes);
+        d->chunk_sizes = cubuf__calloc(nfds, sizeof *d->chunk_sizes);
         if (!d->chunk_sizes) goto oom;
         d->nchunks = nfds;
     }
@@ -493,7 +493,7 @@ cubuf_status_t cubuf_ipc_send(int socket, const cubuf_ipc_descriptor_t *desc)
     CHECK_ARG(desc, "cubuf_ipc_send: desc is NULL");
     CHECK_ARG(socket >= 0, "cubuf_ipc_send: socket %d is not a file descriptor", socket);
     size_t len = wire_length(desc);
-    uint8_t *bytes = malloc(len);
+    uint8_t *bytes = cubuf__malloc(len);
     if (!bytes) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cubuf_ipc_send: no memory for %zu bytes", len);
     encode(desc, bytes, len);
     /* More fds than one message carries: the header travels with the first
@@ -685,10 +685,10 @@ cubuf_status_t cubuf_ipc_recv(int socket, const cubuf_ipc_recv_options_t *option
     }
     cubuf_status_t st = check_peer(socket, &o);
     if (st != CUBUF_SUCCESS) return st;
-    uint8_t *buf = malloc(CUBUF_IPC_MAX_BYTES + 1);
+    uint8_t *buf = cubuf__malloc(CUBUF_IPC_MAX_BYTES + 1);
     fd_list_t fds = {0};
     fds.cap = CUBUF_IPC_MAX_FDS + CMSG_FDS_MAX;
-    fds.v = malloc(fds.cap * sizeof *fds.v);
+    fds.v = cubuf__malloc(fds.cap * sizeof *fds.v);
     if (!buf || !fds.v) {
         free(buf);
         free(fds.v);

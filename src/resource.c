@@ -37,7 +37,7 @@ void cubuf__resource_lock_wait(cubuf_resource_t *res)
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
                                    cubuf_context_t *ctx, cubuf_resource_t **out)
 {
-    cubuf_resource_t *res = calloc(1, sizeof *res);
+    cubuf_resource_t *res = cubuf__calloc(1, sizeof *res);
     if (!res) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
     atomic_init(&res->lock, false);
     res->refs = 1;

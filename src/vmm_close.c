@@ -245,7 +245,7 @@ static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
         s->buffers--;
     } else {
         if (r->nmembers > sizeof small / sizeof small[0] &&
-            !(w = malloc(r->nmembers * sizeof *w))) {
+            !(w = cubuf__malloc(r->nmembers * sizeof *w))) {
             st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
             w = small;
             goto out;

@@ -53,7 +53,7 @@ static cubuf_status_t grow_in_place(vmm_grow_t *gr, bool *must_move)
     size_t ri = s->nresv;
     while (ri > 0 && s->resv[ri - 1].offset + s->resv[ri - 1].size > start) ri--;
     size_t cap = s->nresv - ri + 1;
-    vmm_piece_t *pieces = calloc(cap, sizeof *pieces);
+    vmm_piece_t *pieces = cubuf__calloc(cap, sizeof *pieces);
     if (!pieces) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "out of host memory");
     size_t np = 0, pos = start;
     for (size_t i = ri; i < s->nresv && pos < end; i++) {
@@ -70,7 +70,7 @@ static cubuf_status_t grow_in_place(vmm_grow_t *gr, bool *must_move)
     CUdeviceptr ext_va = 0;
     size_t ext_size = 0, created = 0, mapped = 0;
     for (size_t i = 0; i < npieces; i++)
-        if (!(pieces[i].phys = calloc(1, sizeof *pieces[i].phys))) {
+        if (!(pieces[i].phys = cubuf__calloc(1, sizeof *pieces[i].phys))) {
             st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "out of host memory");
             goto fail;
         }
@@ -152,7 +152,7 @@ static cubuf_status_t grow_moving(vmm_grow_t *gr)
     size_t rsize = cubuf__vmm_reserve_target(gr->want, gr->vr->gran);
     cubuf_status_t st = CUBUF_SUCCESS;
     vmm_space_t *ns = cubuf__vmm_space_new(c + 1, 1);
-    vmm_phys_t *np = calloc(1, sizeof *np);
+    vmm_phys_t *np = cubuf__calloc(1, sizeof *np);
     vmm_guard_t g;
     bool entered = false, created = false, mapped_new = false;
     size_t mapped = 0;
@@ -227,7 +227,7 @@ static cubuf_status_t grow_member(cubuf_resource_t *res, vmm_member_t *from, siz
     size_t want = 0;
     cubuf_status_t st = cubuf__vmm_round_size(vr, new_size, &want, what);
     if (st != CUBUF_SUCCESS) return st;
-    vmm_member_t *to = calloc(1, sizeof *to);
+    vmm_member_t *to = cubuf__calloc(1, sizeof *to);
     if (!to) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     vmm_range_t *r = from->range;
     pthread_mutex_lock(&r->lock);

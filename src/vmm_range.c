@@ -59,7 +59,7 @@ static void *ensure_cap(void *arr, size_t *cap, size_t need, size_t elem)
     if (need <= *cap) return arr;
     size_t n = *cap ? *cap : 4;
     while (n < need) n *= 2;
-    void *p = realloc(arr, n * elem);
+    void *p = cubuf__realloc(arr, n * elem);
     if (p) *cap = n;
     return p;
 }
@@ -68,9 +68,9 @@ static void *ensure_cap(void *arr, size_t *cap, size_t need, size_t elem)
 
 static vmm_range_t *range_new(const vmm_access_t *first)
 {
-    vmm_range_t *r = calloc(1, sizeof *r);
+    vmm_range_t *r = cubuf__calloc(1, sizeof *r);
     if (!r) return NULL;
-    r->access = malloc(sizeof *r->access);
+    r->access = cubuf__malloc(sizeof *r->access);
     if (!r->access || pthread_mutex_init(&r->lock, NULL) != 0) {
         free(r->access);
         free(r);
@@ -129,7 +129,7 @@ void cubuf__vmm_range_unlink(vmm_range_t *r, vmm_member_t *m)
 /* A space with room for `maps` mappings and `resv` reservations. */
 vmm_space_t *cubuf__vmm_space_new(size_t maps, size_t resv)
 {
-    vmm_space_t *s = calloc(1, sizeof *s);
+    vmm_space_t *s = cubuf__calloc(1, sizeof *s);
     if (!s) return NULL;
     s->maps = ensure_cap(NULL, &s->cap_maps, maps, sizeof *s->maps);
     s->resv = ensure_cap(NULL, &s->cap_resv, resv, sizeof *s->resv);
@@ -180,8 +180,8 @@ cubuf_status_t cubuf__vmm_range_create(cubuf_resource_t *res, const cubuf_vmm_op
 
     vmm_range_t *r = range_new(&access);
     vmm_space_t *s = cubuf__vmm_space_new(1, 1);
-    vmm_member_t *m = calloc(1, sizeof *m);
-    vmm_phys_t *p = calloc(1, sizeof *p);
+    vmm_member_t *m = cubuf__calloc(1, sizeof *m);
+    vmm_phys_t *p = cubuf__calloc(1, sizeof *p);
     vmm_guard_t g;
     bool entered = false, reserved = false, created = false, mapped = false;
     CUdeviceptr va = 0;
@@ -284,7 +284,7 @@ cubuf_status_t cubuf__vmm_chunks(const cubuf_buffer_t *buf, cubuf_vmm_chunk_t **
     size_t first = lo, last = first;
     while (last + 1 < m->count && s->maps[last + 1].offset < end) last++;
     size_t n = last - first + 1;
-    cubuf_vmm_chunk_t *c = malloc(n * sizeof *c);
+    cubuf_vmm_chunk_t *c = cubuf__malloc(n * sizeof *c);
     if (!c) {
         pthread_mutex_unlock(&m->range->lock);
         return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);

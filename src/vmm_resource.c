@@ -404,7 +404,7 @@ cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t 
     cubuf_ctx_guard_t g = {false};
     bool pushed = false;
     CHECK(cubuf__context_for_device(ordinal, &ctx));
-    vr = calloc(1, sizeof *vr);
+    vr = cubuf__calloc(1, sizeof *vr);
     if (!vr) {
         st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
         goto fail;

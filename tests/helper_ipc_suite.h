@@ -12,6 +12,7 @@
 
 #include <libgen.h>
 
+#include "alloc_fault_test.h"
 #include "test.h"
 #include "helper_ipc.h"
 
@@ -849,9 +850,24 @@ static inline void suite_exporter_killed(peer_t *me, helper_t *h, peer_mech_t m)
     *h = helper_start();
 }
 
+/* The peer exports again, from a new pool, into slot 1: *d becomes its
+ * descriptor (NULL if that failed). */
+static inline void suite_new_export(helper_t *h, peer_mech_t m, uint32_t export_flags, uint64_t seed,
+                                    cubuf_ipc_descriptor_t **d)
+{
+    cubuf_ipc_descriptor_destroy(*d);
+    *d = NULL;
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+    if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
+             .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
+            .status == CUBUF_SUCCESS)
+        *d = suite_recv(h);
+}
+
 /* One pass of suite_faults over *d (the peer's slot 1, pattern `seed` from
- * byte 4096): fails driver call n = 1, 2, ... of an import until the import
- * succeeds. Every failure leaves nothing imported or mapped but what the
+ * byte 4096): fails driver call n = 1, 2, ... (with `alloc`, host allocation
+ * n, each failure then CUBUF_ERROR_OUT_OF_MEMORY) of an import until the
+ * import succeeds. Every failure leaves nothing imported or mapped but what the
  * library keeps on purpose: a pool import that a device was granted access
  * to before the failure (pinned pools; never a device pool). The acquiring
  * and releasing calls balance otherwise, fds and free memory are back, the
@@ -860,7 +876,8 @@ static inline void suite_exporter_killed(peer_t *me, helper_t *h, peer_mech_t m)
  * after an attempt that left one kept, the peer exports again from a new
  * pool, so that call n is the same step every time. */
 static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_flags, uint64_t seed,
-                                    cubuf_ipc_descriptor_t **d, bool fresh, const char *label)
+                                    cubuf_ipc_descriptor_t **d, bool fresh, const char *label,
+                                    bool alloc)
 {
     static fd_snap_t fds0;
     fds_take(&fds0, 0, -1);
@@ -871,14 +888,16 @@ static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_
         unsigned grants0 = g_pw.grants;
         int pools0 = g_pw.n;
         track_begin();
-        cubuf_fault_fail_any_nth(n, CUDA_ERROR_OUT_OF_MEMORY);
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_OUT_OF_MEMORY);
         cubuf_buffer_t *b = NULL;
         cubuf_status_t st = cubuf_buffer_from_ipc_descriptor(NULL, NULL, *d, CU_STREAM_LEGACY, &b);
         bool fired = cubuf_fault_fired();
+        if (fired && alloc && st != CUBUF_SUCCESS) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         char what[200];
         if (fired)
-            snprintf(what, sizeof what, "%s: import %s with driver call %u (%s) failing", peer_mech_name(m), label,
-                     n, cubuf_fault_fired_name());
+            snprintf(what, sizeof what, "%s: import %s with %s %u (%s) failing", peer_mech_name(m), label,
+                     alloc ? "host allocation" : "driver call", n, cubuf_fault_fired_name());
         else
             snprintf(what, sizeof what, "%s: import %s with no call failing (call %u was past the end)",
                      peer_mech_name(m), label, n);
@@ -919,25 +938,21 @@ static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_
         if (!fired) break;
         if (fresh && kept) {
             /* that pool is imported for good now: a new one from the peer */
-            cubuf_ipc_descriptor_destroy(*d);
-            *d = NULL;
-            H_OK(h, .op = OP_CLEAR, .slot = 1);
-            if (H_OK(h, .op = OP_EXPORT, .mech = m, .size = 8 * PEER_MIB, .offset = 4096,
-                     .length = 6 * PEER_MIB, .seed = seed, .slot = 1, .flags = export_flags)
-                    .status == CUBUF_SUCCESS)
-                *d = suite_recv(h);
+            suite_new_export(h, m, export_flags, seed, d);
             fds_take(&fds0, 0, -1); /* the new descriptor's fd */
         }
     }
-    printf("  %s: import %s failed at each of its %u driver calls in turn (%u of them best-effort, "
+    printf("  %s: import %s failed at each of its %u %s in turn (%u of them best-effort, "
            "the import went on); %d pool import(s) kept\n",
-           peer_mech_name(m), label, failures, survived, kept_total);
+           peer_mech_name(m), label, failures, alloc ? "host allocations" : "driver calls", survived,
+           kept_total);
     T_CHECK(*d && n < 200 && failures > 0);
 }
 
 /* Fails each driver call of an import in turn (see suite_fault_pass): of a
  * pool not imported yet, then, for pinned pools, of a pool whose import this
- * process kept from a previous import (no new pool import, no new grant). */
+ * process kept from a previous import (no new pool import, no new grant);
+ * then each host allocation of an import of a pool not imported yet. */
 static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t export_flags)
 {
     uint64_t seed = 0xfa0 + m;
@@ -947,8 +962,11 @@ static inline void suite_faults(peer_t *me, helper_t *h, peer_mech_t m, uint32_t
         return;
     cubuf_ipc_descriptor_t *d = suite_recv(h);
     if (!d) return;
-    suite_fault_pass(h, m, export_flags, seed, &d, true, "of a new pool");
-    if (d && m == PEER_POOL_PINNED) suite_fault_pass(h, m, export_flags, seed, &d, false, "over a kept pool import");
+    suite_fault_pass(h, m, export_flags, seed, &d, true, "of a new pool", false);
+    if (d && m == PEER_POOL_PINNED)
+        suite_fault_pass(h, m, export_flags, seed, &d, false, "over a kept pool import", false);
+    if (d && suite_kept(m)) suite_new_export(h, m, export_flags, seed, &d); /* a pool not imported */
+    if (d) suite_fault_pass(h, m, export_flags, seed, &d, true, "of a new pool", true);
     cubuf_ipc_descriptor_destroy(d);
     H_OK(h, .op = OP_CLEAR, .slot = 1);
     (void)me;
@@ -1172,6 +1190,28 @@ static inline void suite_arguments(peer_t *me, peer_mech_t m)
     T_STATUS(cubuf_buffer_ipc_descriptor(empty, &d), CUBUF_ERROR_INVALID_ARGUMENT);
     T_OK(cubuf_buffer_view(cubuf_buffer_ptr(buf), 4096, &view));
     T_STATUS(cubuf_buffer_ipc_descriptor(view, &d), CUBUF_ERROR_NOT_SUPPORTED);
+    /* Export with each of its host allocations failing in turn:
+     * OUT_OF_MEMORY, no descriptor, every fd exported so far closed. */
+    static fd_snap_t fds0;
+    fds_take(&fds0, 0, -1);
+    unsigned n = 1;
+    for (;; n++) {
+        cubuf_ipc_descriptor_t *e = NULL;
+        t_fail_alloc_nth(n);
+        cubuf_status_t st = cubuf_buffer_ipc_descriptor(buf, &e);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        if (!fired || n == 32) {
+            T_OK(st);
+            cubuf_ipc_descriptor_destroy(e);
+            break;
+        }
+        T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+        T_CHECK(e == NULL);
+        T_CHECK(fds_back("export with a host allocation failing", &fds0, -1));
+    }
+    T_CHECK(n >= 2); /* at least the descriptor */
+    T_CHECK(fds_back("export after the host allocation faults", &fds0, -1));
     T_OK(cubuf_buffer_ipc_descriptor(buf, &d));
     cubuf_ipc_descriptor_info_t info = CUBUF_IPC_DESCRIPTOR_INFO_INIT;
     T_OK(cubuf_ipc_descriptor_info(d, &info));

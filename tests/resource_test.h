@@ -134,11 +134,6 @@ static unsigned long total_calls(void)
     return n;
 }
 
-static long long kib_delta(size_t now, size_t base)
-{
-    return ((long long)now - (long long)base) / (long long)1024;
-}
-
 /* During a failed operation every handle the driver gave out was given back:
  * primary context retains, pools and allocations (counted calls; the
  * injected failure is the one call that did not happen). */

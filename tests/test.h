@@ -2,6 +2,8 @@
 #ifndef CUBUF_TEST_H
 #define CUBUF_TEST_H
 
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,13 +62,143 @@ static inline void t_require_gpus(int n)
 }
 #define t_require_gpu() t_require_gpus(1)
 
-/* Free device memory of the current context's device (leak checks). */
-static inline size_t t_free_device_memory(void)
+/* Whether the driver does `what` as the real one does: false only on the
+ * host-backed test driver (tests/driver/, loaded through CUBUF_LIBCUDA) for
+ * a capability it answers no to (cubuf_testdriver_can); true on a real
+ * driver. A test skips only that part, printing "SKIP part: ..." and why. */
+static inline bool t_testdriver_can(const char *what)
 {
-    size_t free_b = 0, total_b = 0;
-    if (cubuf__drv.cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS) return 0;
-    return free_b;
+    const char *path = getenv("CUBUF_LIBCUDA");
+    int n = 0;
+    if (!path || !*path || cubuf_device_count(&n) != CUBUF_SUCCESS) return true;
+    void *lib = dlopen(path, RTLD_NOLOAD | RTLD_NOW); /* cubuf loaded it */
+    if (!lib) return true;
+    int (*can)(const char *) = NULL;
+    *(void **)&can = dlsym(lib, "cubuf_testdriver_can");
+    bool yes = !can || can(what) != 0;
+    dlclose(lib);
+    return yes;
 }
+
+/* ---- leak checks: what this process holds of the driver ----------------------
+ *
+ * t_held_count() (once, after the driver loaded: after t_require_gpu, before
+ * any other thread calls the driver) puts counting wrappers in front of the
+ * table's entry points that make and remove memory objects. From then on
+ * each call of them that succeeds is counted, cubuf's and the test's own
+ * (T_CU) alike; a call an injected fault failed never reaches the table and
+ * one the driver refused made nothing, so neither counts. A leak check takes
+ * t_held() before and T_HELD_BACK after: everything made in between was
+ * given back. These are the process's own objects: other users of the
+ * device cannot move them (its free memory they can). */
+typedef struct t_held {
+    long reservations; /* cuMemAddressReserve - cuMemAddressFree */
+    long physical;     /* cuMemCreate - cuMemRelease */
+    long mappings;     /* cuMemMap - cuMemUnmap */
+    long device;       /* cuMemAlloc + cuMemAllocManaged - cuMemFree */
+    long host;         /* cuMemAllocHost + cuMemHostAlloc - cuMemFreeHost */
+    long pools;        /* cuMemPoolCreate - cuMemPoolDestroy */
+} t_held_t;
+
+enum { T_HELD_RESV, T_HELD_PHYS, T_HELD_MAPS, T_HELD_DEV, T_HELD_HOST, T_HELD_POOLS, T_HELD_N };
+
+static inline atomic_long *t_held_counts_(void)
+{
+    static atomic_long n[T_HELD_N];
+    return n;
+}
+
+/* The table as the driver filled it: what the wrappers call. */
+static inline cubuf_driver_t *t_held_real_(void)
+{
+    static cubuf_driver_t real;
+    return &real;
+}
+
+#define T_HELD_WRAP_(name, counter, delta, params, args)                                   \
+    static inline CUresult CUDAAPI t_held_##name params                                    \
+    {                                                                                      \
+        CUresult r = t_held_real_()->name args;                                            \
+        if (r == CUDA_SUCCESS) atomic_fetch_add(&t_held_counts_()[counter], delta);        \
+        return r;                                                                          \
+    }
+T_HELD_WRAP_(cuMemAddressReserve, T_HELD_RESV, 1,
+             (CUdeviceptr *p, size_t n, size_t align, CUdeviceptr at, unsigned long long f),
+             (p, n, align, at, f))
+T_HELD_WRAP_(cuMemAddressFree, T_HELD_RESV, -1, (CUdeviceptr p, size_t n), (p, n))
+T_HELD_WRAP_(cuMemCreate, T_HELD_PHYS, 1,
+             (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+              unsigned long long f),
+             (h, n, prop, f))
+T_HELD_WRAP_(cuMemRelease, T_HELD_PHYS, -1, (CUmemGenericAllocationHandle h), (h))
+T_HELD_WRAP_(cuMemMap, T_HELD_MAPS, 1,
+             (CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h,
+              unsigned long long f),
+             (p, n, off, h, f))
+T_HELD_WRAP_(cuMemUnmap, T_HELD_MAPS, -1, (CUdeviceptr p, size_t n), (p, n))
+T_HELD_WRAP_(cuMemAlloc, T_HELD_DEV, 1, (CUdeviceptr *p, size_t n), (p, n))
+T_HELD_WRAP_(cuMemAllocManaged, T_HELD_DEV, 1, (CUdeviceptr *p, size_t n, unsigned f), (p, n, f))
+T_HELD_WRAP_(cuMemFree, T_HELD_DEV, -1, (CUdeviceptr p), (p))
+T_HELD_WRAP_(cuMemAllocHost, T_HELD_HOST, 1, (void **p, size_t n), (p, n))
+T_HELD_WRAP_(cuMemHostAlloc, T_HELD_HOST, 1, (void **p, size_t n, unsigned f), (p, n, f))
+T_HELD_WRAP_(cuMemFreeHost, T_HELD_HOST, -1, (void *p), (p))
+T_HELD_WRAP_(cuMemPoolCreate, T_HELD_POOLS, 1, (CUmemoryPool *pool, const CUmemPoolProps *props),
+             (pool, props))
+T_HELD_WRAP_(cuMemPoolDestroy, T_HELD_POOLS, -1, (CUmemoryPool pool), (pool))
+#undef T_HELD_WRAP_
+
+static inline void t_held_count(void)
+{
+    static bool on;
+    if (on) return;
+    if (!cubuf__drv.cuMemAlloc) {
+        fprintf(stderr, "t_held_count: the driver table is not loaded yet\n");
+        exit(1);
+    }
+    on = true;
+    *t_held_real_() = cubuf__drv;
+#define T_HELD_SET_(name) \
+    if (cubuf__drv.name) cubuf__drv.name = t_held_##name;
+    T_HELD_SET_(cuMemAddressReserve) T_HELD_SET_(cuMemAddressFree) T_HELD_SET_(cuMemCreate)
+    T_HELD_SET_(cuMemRelease) T_HELD_SET_(cuMemMap) T_HELD_SET_(cuMemUnmap)
+    T_HELD_SET_(cuMemAlloc) T_HELD_SET_(cuMemAllocManaged) T_HELD_SET_(cuMemFree)
+    T_HELD_SET_(cuMemAllocHost) T_HELD_SET_(cuMemHostAlloc) T_HELD_SET_(cuMemFreeHost)
+    T_HELD_SET_(cuMemPoolCreate) T_HELD_SET_(cuMemPoolDestroy)
+#undef T_HELD_SET_
+}
+
+static inline t_held_t t_held(void)
+{
+    const atomic_long *n = t_held_counts_();
+    t_held_t h = {atomic_load(&n[T_HELD_RESV]), atomic_load(&n[T_HELD_PHYS]),
+                  atomic_load(&n[T_HELD_MAPS]), atomic_load(&n[T_HELD_DEV]),
+                  atomic_load(&n[T_HELD_HOST]), atomic_load(&n[T_HELD_POOLS])};
+    return h;
+}
+
+/* Whether a and b are the same; prints both where not. */
+static inline bool t_held_same(const char *file, int line, const char *what, const t_held_t *a,
+                               const t_held_t *b)
+{
+    if (a->reservations == b->reservations && a->physical == b->physical &&
+        a->mappings == b->mappings && a->device == b->device && a->host == b->host &&
+        a->pools == b->pools)
+        return true;
+    fprintf(stderr,
+            "%s:%d: %s: driver objects held changed: reservations %ld -> %ld, physical "
+            "allocations %ld -> %ld, mappings %ld -> %ld, device/managed allocations %ld -> %ld, "
+            "pinned host allocations %ld -> %ld, memory pools %ld -> %ld\n",
+            file, line, what, a->reservations, b->reservations, a->physical, b->physical,
+            a->mappings, b->mappings, a->device, b->device, a->host, b->host, a->pools, b->pools);
+    return false;
+}
+
+/* Fails the test unless the process holds what it held at `before`. */
+#define T_HELD_BACK(before, what)                                                          \
+    do {                                                                                   \
+        t_held_t t_now_ = t_held();                                                        \
+        if (!t_held_same(__FILE__, __LINE__, (what), &(before), &t_now_)) t_failures++;   \
+    } while (0)
 
 /* Raw driver call that must succeed (test setup). */
 #define T_CU(fn, ...)                                                                    \

@@ -1,6 +1,7 @@
 /* Copies: copy_from / copy_to / copy_batch, D2D, H2D, D2H, sizes 0 to 1 GiB,
  * copy options (the attributed batch-of-one path and its fallback), the
  * refusals, the cost of the hot path, and fault injection. */
+#include "alloc_fault_test.h"
 #include "internal.h"
 #include "test.h"
 
@@ -613,6 +614,42 @@ static void test_batch(void)
     T_CHECK(failed == 1);
     cubuf_fault_reset();
     T_CU(cuCtxSynchronize);
+
+    /* Host allocations failed in turn: nine copies (more than the arrays kept
+     * on the stack), with and without DURING_API_CALL (its copy records).
+     * Each failure is OUT_OF_MEMORY with the destination untouched; then the
+     * copies arrive whole. */
+    cubuf_copy_t nine[9];
+    for (size_t i = 0; i < 9; i++)
+        nine[i] = (cubuf_copy_t){D + i * 400, S + i * 400, i == 8 ? n - 8 * 400 : 400};
+    const cubuf_copy_options_t *alloc_variants[] = {&o, &during};
+    unsigned char *h = malloc(n);
+    for (int v = 0; v < 2 && h; v++) {
+        unsigned failures = 0;
+        for (unsigned nth = 1; nth < 50; nth++) {
+            T_OK(cubuf_buffer_fill_byte(dst, 0, s));
+            T_CU(cuStreamSynchronize, s);
+            t_fail_alloc_nth(nth);
+            cubuf_status_t st = cubuf_copy_batch(nine, 9, s, alloc_variants[v], &failed);
+            bool fired = cubuf_fault_fired();
+            cubuf_fault_reset();
+            if (!fired) {
+                T_OK(st);
+                T_CHECK(device_has_pattern(dst, 60));
+                break;
+            }
+            failures++;
+            T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+            T_CU(cuStreamSynchronize, s);
+            T_CU(cuMemcpyDtoH, h, D, n);
+            size_t written = 0;
+            for (size_t i = 0; i < n; i++) written += h[i] != 0;
+            T_CHECK(written == 0);
+        }
+        /* the arrays where cuMemcpyBatchAsync takes them; the records always */
+        T_CHECK(failures >= (v == 1 || cubuf__drv.cuMemcpyBatchAsync ? 1u : 0u));
+    }
+    free(h);
     cubuf_buffer_release(src);
     cubuf_buffer_release(dst);
 }
@@ -635,15 +672,17 @@ static void test_faults(void)
     cubuf_fault_reset();
     T_CHECK(device_has_pattern(a, 70));
 
-    /* copy_to without a destination, every call on its path failed in turn,
-     * with and without options, from a context buffer and a user resource. */
+    /* copy_to without a destination, every call (then every host allocation)
+     * on its path failed in turn, with and without options, from a context
+     * buffer and a user resource. */
     user_res_t u;
     cubuf_resource_t *res = make_user_res(&u);
     cubuf_buffer_t *usrc = NULL;
     T_REQUIRE(cubuf_resource_allocate(res, 256, s, &usrc));
     cubuf_buffer_t *sources[] = {b, usrc};
     for (int which = 0; which < 2; which++) {
-        for (int with_opts = 0; with_opts < 2; with_opts++) {
+        for (int mode = 0; mode < 4; mode++) {
+            const int with_opts = mode & 1, alloc = mode >> 1;
             cubuf_buffer_t *src = sources[which];
             cubuf_resource_t *r = cubuf_buffer_resource(src);
             size_t base = bytes_allocated();
@@ -652,10 +691,12 @@ static void test_faults(void)
             bool succeeded = false;
             for (unsigned nth = 1; nth < 200 && !succeeded; nth++) {
                 cubuf_buffer_t *dst = NULL;
-                cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
+                if (alloc) t_fail_alloc_nth(nth);
+                else cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
                 cubuf_status_t st = cubuf_buffer_copy_to_new(src, s, with_opts ? &o : NULL, &dst);
                 bool fired = cubuf_fault_fired();
                 cubuf_fault_reset();
+                if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
                 if (!fired) {
                     T_CHECK(st == CUBUF_SUCCESS && dst != NULL);
                     cubuf_buffer_release(dst);
@@ -680,7 +721,8 @@ static void test_faults(void)
                     t_failures++;
                 }
             }
-            T_CHECK(succeeded && failures >= 2); /* at least the allocation and the copy */
+            /* driver: at least the allocation and the copy; host: the buffer object */
+            T_CHECK(succeeded && failures >= (alloc ? 1u : 2u));
             T_CHECK(bytes_allocated() == base && stats_of(r).current_bytes == rs.current_bytes);
         }
     }

@@ -3,7 +3,8 @@
  * properties without libFuzzer, serialize's contract, and passing
  * descriptors over Unix sockets (stream, seqpacket, datagram; more than one
  * message of fds; EOF, truncation, timeouts, credentials, a killed peer),
- * with fd counts back to their baseline. */
+ * and each of deserialize, send and recv with its host allocations failing
+ * in turn, with fd counts back to their baseline. */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -319,6 +320,103 @@ static void test_round_trip(const ipc_seed_list_t *seeds, int type)
     T_CHECK(count_fds() == base);
 }
 
+/* ---- host allocation faults ---- */
+
+/* After a call made with an allocation fault armed: disarms; true if the
+ * fault fired, which must have failed the call with OUT_OF_MEMORY. */
+static bool alloc_faulted(const char *what, unsigned n, cubuf_status_t st)
+{
+    bool fired = cubuf_fault_fired() && cubuf_fault_fired_alloc();
+    cubuf_fault_reset();
+    if (fired ? st != CUBUF_ERROR_OUT_OF_MEMORY : st != CUBUF_SUCCESS) {
+        fprintf(stderr, "%s with host allocation %u %s: %s (%s)\n", what, n,
+                fired ? "failing" : "not failing", cubuf_status_name(st), cubuf_last_error());
+        t_failures++;
+    }
+    return fired;
+}
+
+static bool nothing_queued(int sock)
+{
+    char c;
+    return recv(sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) == -1 && errno == EAGAIN;
+}
+
+/* Deserialize, send and receive with their n-th host allocation failing,
+ * n = 1, 2, ... until they succeed: CUBUF_ERROR_OUT_OF_MEMORY and no
+ * descriptor; deserialize leaves the caller's fds open and the caller's,
+ * send queues nothing and keeps the descriptor usable, recv closes every fd
+ * it received; fd counts end at their baseline. */
+static void test_alloc_faults(const ipc_seed_list_t *seeds)
+{
+    int base = count_fds();
+    const char *names[] = {"valid_pool", "valid_legacy", "valid_vmm_3"};
+    cubuf_ipc_recv_options_t o = CUBUF_IPC_RECV_OPTIONS_INIT;
+    o.timeout_ms = 5000;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const ipc_seed_t *s = NULL;
+        for (size_t k = 0; k < seeds->n && !s; k++)
+            if (strcmp(seeds->v[k].name, names[i]) == 0) s = &seeds->v[k];
+        if (!s) {
+            fprintf(stderr, "no seed %s\n", names[i]);
+            t_failures++;
+            continue;
+        }
+        int *fds = calloc(s->nfds + 1, sizeof *fds);
+        unsigned char *owned = calloc(s->nfds + 1, 1);
+        if (!fds || !owned || seed_open_fds(s, fds, owned) != 0) abort();
+        unsigned n = 1;
+        for (;; n++) {
+            cubuf_ipc_descriptor_t *d = NULL;
+            cubuf_fault_fail_alloc_nth(n);
+            cubuf_status_t st = cubuf_ipc_descriptor_deserialize(s->bytes, s->len, fds, s->nfds, &d);
+            if (!alloc_faulted("deserialize", n, st) || n == 64) {
+                cubuf_ipc_descriptor_destroy(d); /* closes the fds it took */
+                break;
+            }
+            T_CHECK(d == NULL);
+            for (size_t k = 0; k < s->nfds; k++) T_CHECK(fd_open(fds[k]));
+        }
+        T_CHECK(n >= 2); /* at least the descriptor object */
+        free(fds);
+        free(owned);
+        printf("  %s: deserialize failed by %u host allocation(s) in turn\n", names[i], n - 1);
+
+        cubuf_ipc_descriptor_t *d = make_desc(seeds, names[i]);
+        unsigned sends = 0, recvs = 0;
+        for (int recv_side = 0; recv_side < 2; recv_side++) {
+            for (n = 1;; n++) {
+                int sv[2];
+                T_CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+                if (recv_side) T_OK(cubuf_ipc_send(sv[0], d));
+                int before = count_fds();
+                cubuf_ipc_descriptor_t *r = NULL;
+                cubuf_fault_fail_alloc_nth(n);
+                bool fired = recv_side ? alloc_faulted("recv", n, cubuf_ipc_recv(sv[1], &o, &r))
+                                       : alloc_faulted("send", n, cubuf_ipc_send(sv[0], d));
+                if (fired) {
+                    T_CHECK(r == NULL);
+                    T_CHECK(count_fds() == before); /* recv: every received fd closed */
+                    if (!recv_side) T_CHECK(nothing_queued(sv[1]));
+                } else {
+                    if (!recv_side) T_OK(cubuf_ipc_recv(sv[1], &o, &r));
+                    if (r) check_same(d, r); /* send: the descriptor is intact */
+                    cubuf_ipc_descriptor_destroy(r);
+                }
+                close(sv[0]);
+                close(sv[1]);
+                if (!fired || n == 64) break;
+            }
+            *(recv_side ? &recvs : &sends) = n - 1;
+        }
+        T_CHECK(sends >= 1 && recvs >= 2); /* the wire bytes; the receive buffers */
+        printf("  %s: send failed by %u, recv by %u host allocation(s) in turn\n", names[i], sends,
+               recvs);
+        cubuf_ipc_descriptor_destroy(d);
+    }
+    T_CHECK(count_fds() == base);
+}
+
 /* The largest descriptor: CUBUF_IPC_MAX_CHUNKS fds in five messages. */
 static void test_max_chunks(void)
 {
@@ -536,6 +634,7 @@ int main(void)
     test_max_chunks();
     test_socket_failures(&seeds);
     test_killed_peer(&seeds);
+    test_alloc_faults(&seeds);
     ipc_seeds_free(&seeds);
     return t_finish("test_ipc_wire");
 }

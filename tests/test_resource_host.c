@@ -4,8 +4,8 @@
  * breaking the capture, and every driver call of each allocate path failed
  * in turn. */
 #include <stdint.h>
-#include <unistd.h>
 
+#include "alloc_fault_test.h"
 #include "internal.h"
 #include "test.h"
 #include "resource_test.h"
@@ -18,68 +18,15 @@ static CUstream g_s;
 
 
 
-/* ---- device memory accounting ------------------------------------------------
+/* ---- leak checks ------------------------------------------------------------------
  *
- * The leak checks compare cuMemGetInfo's free memory with a baseline. What
- * the driver legitimately keeps must not read as a leak:
- *  - state made on the first use of a path and kept for the life of the
- *    context: on the H200 (driver 580) the first use of the per-thread
- *    default stream of a thread keeps 2 MiB (the sync device fault loop on
- *    that stream failed on it before warm_up() used every stream once,
- *    ahead of any baseline);
- *  - work still in flight: the context is synchronized before each reading;
- *  - managed memory: the UVM driver takes device memory for managed pages
- *    from the GPU's allocator in root chunks of 2 MiB, 64 at a time, keeps
- *    the unused ones and gives a free one back per later free. Measured on
- *    the H200: the first managed pages on the device kept 124 MiB (62 root
- *    chunks) after they were freed, and every later round on the device
- *    returned one chunk (free memory 2 MiB above its baseline); once the
- *    cache is empty the next round takes a new batch. So free memory after
- *    managed work sits anywhere within one batch (128 MiB) of its baseline,
- *    depending on history. Managed checks allow that (k_uvm_slack) and use
- *    allocations larger than it on the device (1 GiB, k_managed_size), so
- *    one leaked allocation still fails them; a leaked small allocation
- *    never shows in device memory at all (its pages end on the host), so
- *    every closed pointer is also checked to be unknown to the driver
- *    (check_gone), whatever its size. The other checks are exact.
- * leak_visible() shows on the device that one leaked allocation of each
- * tested size moves free memory beyond what the check allows. */
-
-#define k_uvm_slack ((size_t)128 << 20)
-
-static bool g_memlog; /* CUBUF_TEST_MEMLOG set: print every reading */
-
-static size_t settled_free(void)
-{
-    T_CU(cuCtxSynchronize);
-    return t_free_device_memory();
-}
-
-/* Free memory must be back at `base`, within `slack` bytes either way. The
- * driver may hand memory back a little after the call that freed it, so a
- * shortfall is read again for up to a second before it counts. Prints both
- * numbers and the difference on failure. Needs g_ctx current. */
-#define T_FREE_BACK(base, slack, what) t_free_back(__FILE__, __LINE__, (base), (slack), (what))
-static void t_free_back(const char *file, int line, size_t base, size_t slack, const char *what)
-{
-    size_t now = settled_free();
-    for (int i = 0; now + slack < base && i < 100; i++) {
-        usleep(10000);
-        now = settled_free();
-    }
-    size_t diff = now < base ? base - now : now - base;
-    if (diff > slack) {
-        fprintf(stderr,
-                "%s:%d: %s: device free memory %zu bytes, baseline %zu bytes: %s by %zu bytes "
-                "(%lld KiB; allowed %zu)\n",
-                file, line, what, now, base, now < base ? "short (leak)" : "above the baseline",
-                diff, kib_delta(now, base), slack);
-        t_failures++;
-    } else if (g_memlog) {
-        printf("memlog %s:%d: %s: free memory %lld KiB from the baseline (allowed %zu KiB)\n",
-               file, line, what, kib_delta(now, base), slack >> 10);
-    }
-}
+ * These allocators call the driver synchronously, so the balance of their
+ * calls at the driver table (t_held: cuMemAlloc and cuMemAllocManaged against
+ * cuMemFree, cuMemHostAlloc and cuMemAllocHost against cuMemFreeHost) is
+ * exact as soon as a close returns, whatever the size and wherever managed
+ * pages are; other work on the device cannot move it. Every closed pointer is
+ * also checked to be unknown to the driver (check_gone). leak_visible() shows
+ * that one allocation of each kind moves the balance. */
 
 /* The closed buffer's memory is gone as far as the driver knows: the driver
  * no longer recognizes the pointer (exact, whatever the size). */
@@ -130,40 +77,37 @@ static void exercise(cubuf_resource_t *res, const size_t *sizes, int count, bool
 }
 
 
-/* How a fault loop checks device memory: not at all (host memory), exactly,
- * or within the UVM driver's root-chunk batch (managed memory). */
-typedef enum mem_check { MEM_NONE, MEM_EXACT, MEM_UVM } mem_check_t;
+static void fault_allocate_pass(const char *name, cubuf_resource_t *r, CUstream s, size_t size,
+                                bool alloc);
 
-static void free_back_after(mem_check_t mem, size_t base, const char *what)
+/* Fails each driver call, then each host allocation, of an allocation of
+ * `size` bytes in turn. */
+static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, size_t size)
 {
-    if (mem == MEM_NONE) return;
-    CUcontext before = current();
-    T_CU(cuCtxSetCurrent, g_ctx);
-    T_FREE_BACK(base, mem == MEM_UVM ? k_uvm_slack : 0, what);
-    T_CU(cuCtxSetCurrent, before);
+    fault_allocate_pass(name, r, s, size, false);
+    fault_allocate_pass(name, r, s, size, true);
 }
 
-/* Fails each driver call of an allocation of `size` bytes in turn. */
-static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, size_t size,
-                           mem_check_t mem)
+static void fault_allocate_pass(const char *name, cubuf_resource_t *r, CUstream s, size_t size,
+                                bool alloc)
 {
     CUcontext before = current();
-    T_CU(cuCtxSetCurrent, g_ctx);
-    size_t base = settled_free();
-    T_CU(cuCtxSetCurrent, before);
+    t_held_t base = t_held();
     cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     for (unsigned n = 1; n < 100; n++) {
         cubuf_buffer_t *b = NULL;
         cubuf_fault_count_calls(true);
-        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
         cubuf_status_t st = cubuf_resource_allocate(r, size, s, &b);
         bool fired = cubuf_fault_fired();
+        if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         if (fired) check_balanced(name, n, cubuf_fault_fired_name());
         cubuf_fault_reset();
         cubuf_fault_count_calls(false);
         T_CHECK(current() == before);
-        if (fired) free_back_after(mem, base, name);
+        if (fired) T_HELD_BACK(base, name);
         if (!fired) {
             T_OK(st);
             T_CHECK(cubuf_buffer_ptr(b) != 0);
@@ -171,7 +115,7 @@ static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, si
             cubuf_buffer_release(b);
             T_STATS(r, 0, st0.peak_bytes > size ? st0.peak_bytes : size, 0,
                     st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
-            free_back_after(mem, base, name);
+            T_HELD_BACK(base, name);
             return;
         }
         T_CHECK(st != CUBUF_SUCCESS && b == NULL);
@@ -243,113 +187,25 @@ static int range_attr(CUdeviceptr p, size_t n, CUmem_range_attribute attr)
     return v;
 }
 
-/* Managed allocations in the fault loops: large enough that one leaked
- * allocation on the device moves free memory well beyond k_uvm_slack. */
-#define k_managed_size (4 * k_uvm_slack)
-
-static const CUmemLocation k_device0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-
-/* The driver's lazily made state for each path the tests use, made now: the
- * first cuMemAlloc, the first use of each stream (a fill on it, the capture
- * query, a synchronization), and managed pages' first trip to the device and
- * back. Logs what each kept. */
-static void warm_up(bool managed)
-{
-    const CUstream streams[] = {g_s, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
-    const char *const names[] = {"a user stream", "the legacy stream", "the per-thread stream"};
-    size_t before = settled_free();
-    CUdeviceptr p = 0;
-    T_CU(cuMemAlloc, &p, MiB);
-    T_CU(cuMemFree, p);
-    if (g_memlog)
-        printf("memlog warm-up: the first cuMemAlloc kept %lld KiB\n", -kib_delta(settled_free(), before));
-    T_CU(cuMemAlloc, &p, MiB);
-    for (int i = 0; i < 3; i++) {
-        before = settled_free();
-        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        T_CU(cuStreamIsCapturing, streams[i], &cs);
-        T_CU(cuMemsetD8Async, p, 0, MiB, streams[i]);
-        T_CU(cuStreamSynchronize, streams[i]);
-        if (g_memlog)
-            printf("memlog warm-up: first use of %s kept %lld KiB\n", names[i],
-                   -kib_delta(settled_free(), before));
-    }
-    T_CU(cuMemFree, p);
-    if (!managed) return;
-    before = settled_free();
-    const size_t n = 4 * MiB;
-    T_CU(cuMemAllocManaged, &p, n, CU_MEM_ATTACH_GLOBAL);
-    unsigned char *h = (unsigned char *)(uintptr_t)p;
-    memset(h, 1, n);
-    T_CU(cuMemPrefetchAsync, p, n, k_device0, 0, g_s);
-    T_CU(cuMemsetD8Async, p, 2, n, g_s);
-    T_CU(cuStreamSynchronize, g_s);
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i += 4096) bad += h[i] != 2;
-    T_CHECK(bad == 0);
-    T_CU(cuMemFree, p);
-    if (g_memlog)
-        printf("memlog warm-up: managed pages to the device and back kept %lld KiB\n",
-               -kib_delta(settled_free(), before));
-}
-
-/* The leak checks can see one leaked allocation of each tested size: with it
- * live, settled free memory is short of the baseline by more than the check
- * allows; once freed, it is back. */
+/* The leak checks can see one leaked allocation of each kind: made through
+ * the table, it moves the balance by one; freed, the balance is back. */
 static void leak_visible(bool managed)
 {
-    const size_t sizes[] = {1, 1000, MiB};
-    size_t base = settled_free();
-    for (int i = 0; i < 3; i++) {
-        CUdeviceptr p = 0;
-        T_CU(cuMemAlloc, &p, sizes[i]);
-        size_t with = settled_free();
-        if (g_memlog)
-            printf("memlog cuMemAlloc: one live allocation of %zu bytes holds %lld KiB\n", sizes[i],
-                   -kib_delta(with, base));
-        if (with >= base) {
-            fprintf(stderr, "cuMemAlloc: a live allocation of %zu bytes does not show in free "
-                    "memory (%zu bytes, baseline %zu): the leak checks could not see it\n",
-                    sizes[i], with, base);
-            t_failures++;
-        }
-        T_CU(cuMemFree, p);
-        T_FREE_BACK(base, 0, "cuMemAlloc freed");
-    }
-    if (!managed) return;
-    /* The managed fault loops' size, on the device as a preferred location of
-     * device 0 puts it. */
-    base = settled_free();
+    t_held_t base = t_held();
     CUdeviceptr p = 0;
-    T_CU(cuMemAllocManaged, &p, k_managed_size, CU_MEM_ATTACH_GLOBAL);
-    T_CU(cuMemPrefetchAsync, p, k_managed_size, k_device0, 0, g_s);
-    size_t with = settled_free();
-    if (g_memlog)
-        printf("memlog managed: one live allocation of %zu bytes on the device holds %lld KiB\n",
-               k_managed_size, -kib_delta(with, base));
-    if (with + k_uvm_slack >= base) {
-        fprintf(stderr, "managed: a live allocation of %zu bytes on the device does not show in "
-                "free memory beyond the UVM slack (%zu bytes, baseline %zu)\n",
-                k_managed_size, with, base);
-        t_failures++;
-    }
+    T_CU(cuMemAlloc, &p, 1);
+    T_CHECK(t_held().device == base.device + 1);
     T_CU(cuMemFree, p);
-    T_FREE_BACK(base, k_uvm_slack, "managed freed");
-}
-
-/* CUBUF_TEST_MEMLOG only: how free memory moves over further rounds. */
-static void managed_rounds(int pref, const size_t *sizes, int n)
-{
-    printf("memlog managed, preferred location %d: further rounds moved free memory by", pref);
-    for (int k = 0; k < 3; k++) {
-        cubuf_resource_t *w = NULL;
-        T_REQUIRE(cubuf_managed_resource_create(0, pref, &w));
-        size_t before = settled_free();
-        exercise(w, sizes, n, true, true);
-        cubuf_resource_release(w);
-        printf(" %lld", kib_delta(settled_free(), before));
+    void *h = NULL;
+    T_CU(cuMemHostAlloc, &h, 1, CU_MEMHOSTALLOC_PORTABLE);
+    T_CHECK(t_held().host == base.host + 1);
+    T_CU(cuMemFreeHost, h);
+    if (managed) {
+        T_CU(cuMemAllocManaged, &p, 1, CU_MEM_ATTACH_GLOBAL);
+        T_CHECK(t_held().device == base.device + 1);
+        T_CU(cuMemFree, p);
     }
-    printf(" KiB\n");
+    T_HELD_BACK(base, "leak_visible");
 }
 
 static void test_managed(void)
@@ -376,22 +232,11 @@ static void test_managed(void)
         check_no_pool(r);
         /* 1 GiB only where it is prefetched to a card with room to spare. */
         int n = pref == 0 && total >= 8 * GiB ? 4 : 3;
-        /* A first round on a resource of its own: whatever UVM makes on first
-         * use of this path is made before the baseline. */
-        cubuf_resource_t *w = NULL;
-        T_REQUIRE(cubuf_managed_resource_create(0, pref, &w));
-        size_t w0 = settled_free();
-        exercise(w, sizes, n, true, true);
-        cubuf_resource_release(w);
-        if (g_memlog)
-            printf("memlog managed, preferred location %d: the warm-up round moved free memory "
-                   "by %lld KiB\n", pref, kib_delta(settled_free(), w0));
-        size_t base = settled_free();
+        t_held_t base = t_held();
         exercise(r, sizes, n, true, true);
-        T_FREE_BACK(base, k_uvm_slack, pref == -2   ? "managed, no preferred location"
-                                       : pref == -1 ? "managed, preferred on the host"
-                                                    : "managed, preferred on device 0");
-        if (g_memlog) managed_rounds(pref, sizes, n);
+        T_HELD_BACK(base, pref == -2   ? "managed, no preferred location"
+                          : pref == -1 ? "managed, preferred on the host"
+                                       : "managed, preferred on device 0");
 
         /* The advice and the prefetch really happened. */
         cubuf_buffer_t *b = NULL;
@@ -407,10 +252,9 @@ static void test_managed(void)
         T_CHECK(type != 0);
         cubuf_buffer_release(b);
 
-        fault_allocate("managed, user stream", r, g_s, k_managed_size, MEM_UVM);
+        fault_allocate("managed, user stream", r, g_s, MiB);
         T_CU(cuCtxSetCurrent, NULL);
-        fault_allocate("managed, legacy stream, no context", r, CU_STREAM_LEGACY, k_managed_size,
-                       MEM_UVM);
+        fault_allocate("managed, legacy stream, no context", r, CU_STREAM_LEGACY, MiB);
         T_CU(cuCtxSetCurrent, g_ctx);
 
         /* Allocation on a capturing stream is refused; the capture survives. */
@@ -460,7 +304,9 @@ static void test_legacy_pinned(void)
     cubuf_fault_count_calls(false);
 
     size_t sizes[4] = {0, 1, 1000, GiB};
+    t_held_t base = t_held();
     exercise(r, sizes, 4, true, false);
+    T_HELD_BACK(base, "legacy pinned, sizes 0, 1, 1000, 1 GiB");
 
     T_REQUIRE(cubuf_resource_allocate(r, 1000, g_s, &b));
     T_CHECK(cubuf_buffer_device_id(b) == -1);
@@ -469,9 +315,9 @@ static void test_legacy_pinned(void)
     T_CHECK(type == CU_MEMORYTYPE_HOST); /* page-locked, known to the driver */
     cubuf_buffer_release(b);
 
-    fault_allocate("legacy pinned, user stream", r, g_s, MiB, MEM_NONE);
+    fault_allocate("legacy pinned, user stream", r, g_s, MiB);
     T_CU(cuCtxSetCurrent, NULL);
-    fault_allocate("legacy pinned, legacy stream, no context", r, CU_STREAM_LEGACY, MiB, MEM_NONE);
+    fault_allocate("legacy pinned, legacy stream, no context", r, CU_STREAM_LEGACY, MiB);
     T_CU(cuCtxSetCurrent, g_ctx);
     close_rules(r, "cuMemFreeHost");
     cubuf_resource_release(r);
@@ -487,10 +333,10 @@ static void test_sync_device(void)
     T_REQUIRE(cubuf_sync_device_resource_create(0, &r));
     check_props(r, 0, false, false, false);
     check_no_pool(r);
-    size_t base = settled_free();
+    t_held_t base = t_held();
     size_t sizes[4] = {0, 1, 1000, GiB};
     exercise(r, sizes, 4, false, false);
-    T_FREE_BACK(base, 0, "sync device, sizes 0, 1, 1000, 1 GiB");
+    T_HELD_BACK(base, "sync device, sizes 0, 1, 1000, 1 GiB");
 
     /* cuMemAlloc memory: the kind legacy IPC handles can share. */
     cubuf_buffer_t *b = NULL;
@@ -516,26 +362,28 @@ static void test_sync_device(void)
     T_CHECK(owner == g_ctx);
     cubuf_buffer_release(b);
 
-    fault_allocate("sync device, user stream", r, g_s, MiB, MEM_EXACT);
+    fault_allocate("sync device, user stream", r, g_s, MiB);
     T_CU(cuCtxSetCurrent, NULL);
-    fault_allocate("sync device, per-thread stream, no context", r, CU_STREAM_PER_THREAD, MiB,
-                   MEM_EXACT);
+    fault_allocate("sync device, per-thread stream, no context", r, CU_STREAM_PER_THREAD, MiB);
     T_CU(cuCtxSetCurrent, g_ctx);
     close_rules(r, "cuMemFree");
     cubuf_resource_release(r);
-    T_FREE_BACK(base, 0, "sync device, at the end");
+    T_HELD_BACK(base, "sync device, at the end");
 }
 
-/* Each create path with each driver call failed in turn. */
+/* Each create path with each driver call, then each host allocation, failed
+ * in turn. */
 static void fault_creates(bool managed)
 {
     for (int which = managed ? 0 : 1; which < 3; which++) {
-        for (int ctx_current = 1; ctx_current >= 0; ctx_current--) {
+        for (int mode = 3; mode >= 0; mode--) {
+            const int ctx_current = mode & 1, alloc = mode < 2;
             T_CU(cuCtxSetCurrent, ctx_current ? g_ctx : NULL);
             for (unsigned n = 1; n < 100; n++) {
                 cubuf_resource_t *r = NULL;
                 cubuf_fault_count_calls(true);
-                cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+                if (alloc) t_fail_alloc_nth(n);
+                else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
                 cubuf_status_t st = which == 0   ? cubuf_managed_resource_create(0, 0, &r)
                                     : which == 1 ? cubuf_legacy_pinned_resource_create(0, &r)
                                                  : cubuf_sync_device_resource_create(0, &r);
@@ -550,6 +398,7 @@ static void fault_creates(bool managed)
                     break;
                 }
                 T_CHECK(st != CUBUF_SUCCESS && r == NULL);
+                if (alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
             }
         }
     }
@@ -559,6 +408,8 @@ static void fault_creates(bool managed)
 int main(void)
 {
     t_require_gpu();
+    t_held_count();
+    t_held_t held0 = t_held();
     cubuf_context_t *ctx = NULL;
     T_REQUIRE(cubuf_context_create(0, &ctx));
     T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
@@ -567,8 +418,6 @@ int main(void)
     T_CU(cuStreamCreate, &g_s, CU_STREAM_NON_BLOCKING);
     int managed = 0;
     T_CU(cuDeviceGetAttribute, &managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, g_dev);
-    g_memlog = getenv("CUBUF_TEST_MEMLOG") != NULL;
-    warm_up(managed != 0);
     leak_visible(managed != 0);
 
     if (managed) test_managed();
@@ -580,6 +429,7 @@ int main(void)
     T_CU(cuStreamDestroy, g_s);
     T_CU(cuCtxSetCurrent, NULL);
     cubuf_context_destroy(ctx);
+    T_HELD_BACK(held0, "test_resource_host"); /* every allocation went back */
     unsigned flags = 0;
     int active = 1;
     T_CU(cuDevicePrimaryCtxGetState, g_dev, &flags, &active);

@@ -3,8 +3,8 @@
  * statistics are checked exactly, capture is refused without breaking it,
  * and every driver call on the create and allocate paths is failed in turn. */
 #include <stdint.h>
-#include <unistd.h>
 
+#include "alloc_fault_test.h"
 #include "internal.h"
 #include "resource_pool.h"
 #include "test.h"
@@ -32,106 +32,68 @@ static cuuint64_t threshold(CUmemoryPool pool)
     return v;
 }
 
-/* ---- device memory accounting ------------------------------------------------
+/* ---- pool accounting ---------------------------------------------------------
  *
- * The leak checks compare cuMemGetInfo's free memory with a baseline, exactly.
- * What the driver legitimately keeps must not read as a leak:
- *  - memory a pool keeps cached after frees (release threshold raised): the
- *    pool is trimmed to 0 before each reading;
- *  - stream-ordered frees not yet executed: the context is synchronized first
- *    (a pool cannot trim memory whose free is still pending);
- *  - driver state made on the first use of a path and kept for the life of
- *    the context. Measured on the H200 (driver 580): the first use of the
- *    per-thread default stream of a thread keeps 2 MiB of device memory,
- *    which is what made test_default_pool's final check fail before
- *    warm_up() used every stream of the tests once, ahead of any baseline.
- * A pool maps memory in granules (32 MiB on the H200), so after the trim one
- * leaked allocation of any size, 1 byte included, keeps a granule:
- * leak_visible() checks that on the device before the tests rely on it. */
+ * The leak checks read the pool's own figure, CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+ * (what its live allocations take), once the context is synchronized: a free
+ * runs in stream order. It counts this process's allocations from that pool
+ * and nothing else, so other work on the device cannot move it; what the
+ * pool keeps cached after frees is reserved, not used. Pools made and
+ * destroyed are counted at the driver table (t_held). leak_visible() shows
+ * that one leaked allocation of each tested size moves the figure. */
 
-static bool g_memlog; /* CUBUF_TEST_MEMLOG set: print every reading */
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
+{
+    cuuint64_t v = 0;
+    T_CU(cuMemPoolGetAttribute, pool, a, &v);
+    return v;
+}
 
-/* Free device memory once all work is done and the pool kept nothing. */
-static size_t settled_free(CUmemoryPool pool)
+/* The pool's used memory once all work of the current context is done. */
+static cuuint64_t settled_used(CUmemoryPool pool)
 {
     T_CU(cuCtxSynchronize);
-    if (pool) T_CU(cuMemPoolTrimTo, pool, 0);
-    return t_free_device_memory();
+    return pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
 }
 
-/* Free memory must be back at `base` exactly. The driver may hand memory
- * back a little after the call that freed it, so a shortfall is read again
- * for up to a second before it counts. Prints both numbers and the
- * difference on failure. */
-#define T_FREE_BACK(pool, base, what) t_free_back(__FILE__, __LINE__, (pool), (base), (what))
-static void t_free_back(const char *file, int line, CUmemoryPool pool, size_t base, const char *what)
+/* The pool's used memory must be back at `base` exactly. Prints both numbers
+ * (and what the pool reserves) on failure. Needs g_ctx current. */
+#define T_USED_BACK(pool, base, what) t_used_back(__FILE__, __LINE__, (pool), (base), (what))
+static void t_used_back(const char *file, int line, CUmemoryPool pool, cuuint64_t base,
+                        const char *what)
 {
-    size_t now = settled_free(pool);
-    for (int i = 0; now < base && i < 100; i++) {
-        usleep(10000);
-        now = settled_free(pool);
-    }
+    cuuint64_t now = settled_used(pool);
     if (now != base) {
         fprintf(stderr,
-                "%s:%d: %s: device free memory %zu bytes, baseline %zu bytes: %s by %zu bytes "
-                "(%lld KiB)\n",
-                file, line, what, now, base, now < base ? "short (leak)" : "above the baseline",
-                now < base ? base - now : now - base, kib_delta(now, base));
+                "%s:%d: %s: the pool's used memory is %llu bytes, baseline %llu bytes (%s; it "
+                "reserves %llu bytes)\n",
+                file, line, what, (unsigned long long)now, (unsigned long long)base,
+                now > base ? "a leak" : "below the baseline",
+                (unsigned long long)pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
         t_failures++;
-    } else if (g_memlog) {
-        printf("memlog %s:%d: %s: free memory back at %zu\n", file, line, what, base);
-    }
-}
-
-/* The driver's lazily made state for each stream the tests use, made now:
- * a pool allocation, a fill and the free on each stream, the capture query,
- * and a synchronization. Logs what each first use kept. */
-static void warm_up(CUmemoryPool dp)
-{
-    const CUstream streams[] = {g_s, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
-    const char *const names[] = {"a user stream", "the legacy stream", "the per-thread stream"};
-    for (int i = 0; i < 3; i++) {
-        size_t before = settled_free(dp);
-        CUdeviceptr p = 0;
-        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        T_CU(cuStreamIsCapturing, streams[i], &cs);
-        T_CU(cuMemAllocFromPoolAsync, &p, MiB, dp, streams[i]);
-        T_CU(cuMemsetD8Async, p, 0, MiB, streams[i]);
-        T_CU(cuMemFreeAsync, p, streams[i]);
-        T_CU(cuStreamSynchronize, streams[i]);
-        size_t after = settled_free(dp);
-        if (g_memlog)
-            printf("memlog warm-up: first pool use on %s kept %lld KiB\n", names[i],
-                   -kib_delta(after, before));
     }
 }
 
 /* The leak checks can see one leaked allocation of each tested size: with it
- * live, settled free memory is below the baseline; once freed, back at it. */
+ * live, the pool's used memory is above the baseline; once freed, back at it. */
 static void leak_visible(CUmemoryPool pool, const char *what)
 {
     const size_t sizes[] = {1, 1000, MiB};
-    size_t base = settled_free(pool);
+    cuuint64_t base = settled_used(pool);
     for (int i = 0; i < 3; i++) {
         CUdeviceptr p = 0;
         T_CU(cuMemAllocFromPoolAsync, &p, sizes[i], pool, g_s);
-        size_t with = settled_free(pool);
-        if (g_memlog)
-            printf("memlog %s: one live allocation of %zu bytes holds %lld KiB\n", what, sizes[i],
-                   -kib_delta(with, base));
-        if (with >= base) {
-            fprintf(stderr, "%s: a live allocation of %zu bytes does not show in free memory "
-                    "(%zu bytes, baseline %zu): the leak checks could not see it\n",
-                    what, sizes[i], with, base);
+        cuuint64_t with = settled_used(pool);
+        if (with <= base) {
+            fprintf(stderr, "%s: a live allocation of %zu bytes does not show in the pool's used "
+                    "memory (%llu bytes, baseline %llu): the leak checks could not see it\n",
+                    what, sizes[i], (unsigned long long)with, (unsigned long long)base);
             t_failures++;
         }
         T_CU(cuMemFreeAsync, p, g_s);
-        T_FREE_BACK(pool, base, what);
+        T_USED_BACK(pool, base, what);
     }
 }
-
-
-
 
 /* Sizes 0, 1, 1000 and 1 GiB from a fresh resource: data and exact stats. */
 static void exercise_sizes(cubuf_resource_t *res, CUstream s, bool host)
@@ -272,9 +234,9 @@ static void test_default_pool(void)
     T_CHECK(cubuf__pool_handle(r) == dp);
     check_props(r, 0, false, false, false);
 
-    size_t base = settled_free(dp);
+    cuuint64_t base = settled_used(dp);
     exercise_sizes(r, g_s, false);
-    T_FREE_BACK(dp, base, "default pool, sizes 0, 1, 1000, 1 GiB");
+    T_USED_BACK(dp, base, "default pool, sizes 0, 1, 1000, 1 GiB");
 
     /* A default stream with no current context runs in the resource's
      * context, and the caller's (absent) context is restored. */
@@ -290,7 +252,7 @@ static void test_default_pool(void)
     T_CHECK(current() == NULL);
     T_CU(cuCtxSetCurrent, g_ctx);
     cubuf_buffer_release(b);
-    T_FREE_BACK(dp, base, "default pool, legacy stream with no current context");
+    T_USED_BACK(dp, base, "default pool, legacy stream with no current context");
 
     /* The hot path: a user stream costs the capture query and the
      * allocation; the free is one call. A default stream adds one
@@ -317,7 +279,7 @@ static void test_default_pool(void)
     T_CHECK(total_calls() == 2);
     cubuf_fault_count_calls(false);
     cubuf_buffer_release(b);
-    T_FREE_BACK(dp, base, "default pool, user and per-thread streams");
+    T_USED_BACK(dp, base, "default pool, user and per-thread streams");
 
     /* A failed free leaves the buffer open and counted; a second close works. */
     T_REQUIRE(cubuf_resource_allocate(r, 4096, g_s, &b));
@@ -330,25 +292,27 @@ static void test_default_pool(void)
     T_STATS(r, 0, GiB + 1001, 0, 3, 7);
     cubuf_buffer_release(b);
     cubuf_resource_release(r);
-    T_FREE_BACK(dp, base, "default pool, after default streams and a failed free");
+    T_USED_BACK(dp, base, "default pool, after default streams and a failed free");
 }
 
 static void test_private_pool(void)
 {
     CUmemoryPool dp = default_pool();
-    size_t base = settled_free(dp);
+    t_held_t held0 = t_held();
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
     o.private_pool = true;
     cubuf_resource_t *r = NULL;
     T_REQUIRE(cubuf_device_resource_create(0, &o, &r));
     CUmemoryPool pool = cubuf__pool_handle(r);
+    T_CHECK(settled_used(pool) == 0);
     T_CHECK(pool != NULL && pool != dp);
     T_CHECK(threshold(pool) == UINT64_MAX);
     check_props(r, 0, false, false, false);
     leak_visible(pool, "private pool");
     exercise_sizes(r, g_s, false);
+    T_USED_BACK(pool, 0, "private pool, sizes 0, 1, 1000, 1 GiB");
     cubuf_resource_release(r); /* destroys the pool */
-    T_FREE_BACK(dp, base, "private pool destroyed");
+    T_HELD_BACK(held0, "private pool destroyed");
 
     /* A private pool's threshold is set exactly. */
     o.release_threshold = 3 * MiB;
@@ -371,19 +335,13 @@ static void test_private_pool(void)
         check_device_rw(cubuf_buffer_ptr(b), MiB, g_s);
         T_OK(cubuf_buffer_close(b));
         cubuf_buffer_release(b);
+        T_USED_BACK(cubuf__pool_handle(r), 0, "IPC private pool");
         cubuf_resource_release(r);
     }
-    T_FREE_BACK(dp, base, "IPC private pool destroyed");
+    T_HELD_BACK(held0, "IPC private pool destroyed");
 }
 
 /* ---- memory goes back ---------------------------------------------------------- */
-
-static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
-{
-    cuuint64_t v = 0;
-    T_CU(cuMemPoolGetAttribute, pool, a, &v);
-    return v;
-}
 
 static cubuf_resource_stats_t stats_now(cubuf_resource_t *r)
 {
@@ -518,8 +476,7 @@ static void test_trim(void)
 
 static void test_max_size(void)
 {
-    CUmemoryPool dp = default_pool();
-    size_t base = settled_free(dp);
+    t_held_t held0 = t_held();
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
     o.private_pool = true;
     o.max_size = 64 * MiB;
@@ -539,8 +496,9 @@ static void test_max_size(void)
     T_REQUIRE(cubuf_resource_allocate(r, 32 * MiB, g_s, &b)); /* still usable */
     T_OK(cubuf_buffer_close(b));
     cubuf_buffer_release(b);
+    T_USED_BACK(cubuf__pool_handle(r), 0, "pool with max_size");
     cubuf_resource_release(r);
-    T_FREE_BACK(dp, base, "pool with max_size destroyed");
+    T_HELD_BACK(held0, "pool with max_size destroyed");
 }
 
 /* Allocating on a capturing stream is refused before anything is captured;
@@ -726,16 +684,27 @@ static cubuf_status_t mk_pinned(cubuf_resource_t **o) { return cubuf_pinned_reso
 static cubuf_status_t mk_pinned_ipc(cubuf_resource_t **o) { return cubuf_pinned_resource_create(0, true, o); }
 static cubuf_status_t mk_graph(cubuf_resource_t **o) { return cubuf_graph_resource_create(0, o); }
 
-/* Fails the 1st, 2nd, ... driver call of a create until it succeeds. */
+static void fault_create_pass(const char *name, create_fn mk, bool alloc);
+
+/* Fails the 1st, 2nd, ... driver call of a create until it succeeds, then
+ * the 1st, 2nd, ... host allocation. */
 static void fault_create(const char *name, create_fn mk)
+{
+    fault_create_pass(name, mk, false);
+    fault_create_pass(name, mk, true);
+}
+
+static void fault_create_pass(const char *name, create_fn mk, bool alloc)
 {
     CUcontext before = current();
     for (unsigned n = 1; n < 200; n++) {
         cubuf_resource_t *r = NULL;
         cubuf_fault_count_calls(true);
-        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
         cubuf_status_t st = mk(&r);
         bool fired = cubuf_fault_fired();
+        if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         const char *call = cubuf_fault_fired_name();
         cubuf_fault_reset();
         if (fired) check_balanced(name, n, call);
@@ -757,22 +726,34 @@ static void fault_create(const char *name, create_fn mk)
     t_failures++;
 }
 
-/* Fails each driver call of an allocation in turn: nothing is counted,
- * nothing is returned, and (device pools) no device memory stays taken. */
-static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, CUmemoryPool trim)
+static void fault_allocate_pass(const char *name, cubuf_resource_t *r, CUstream s, bool alloc);
+
+/* Fails each driver call, then each host allocation, of an allocation in
+ * turn: nothing is counted, nothing is returned, and the resource's pool
+ * uses no more than before. */
+static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s)
 {
+    fault_allocate_pass(name, r, s, false);
+    fault_allocate_pass(name, r, s, true);
+}
+
+static void fault_allocate_pass(const char *name, cubuf_resource_t *r, CUstream s, bool alloc)
+{
+    CUmemoryPool pool = cubuf__pool_handle(r);
     CUcontext before = current();
     T_CU(cuCtxSetCurrent, g_ctx);
-    size_t base = trim ? settled_free(trim) : 0;
+    cuuint64_t base = settled_used(pool);
     T_CU(cuCtxSetCurrent, before);
     cubuf_resource_stats_t st0 = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(r, &st0));
     for (unsigned n = 1; n < 100; n++) {
         cubuf_buffer_t *b = NULL;
         cubuf_fault_count_calls(true);
-        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
         cubuf_status_t st = cubuf_resource_allocate(r, MiB, s, &b);
         bool fired = cubuf_fault_fired();
+        if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         if (fired) check_balanced(name, n, cubuf_fault_fired_name());
         cubuf_fault_reset();
         cubuf_fault_count_calls(false);
@@ -785,17 +766,15 @@ static void fault_allocate(const char *name, cubuf_resource_t *r, CUstream s, CU
             T_STATS(r, 0, st0.peak_bytes > MiB ? st0.peak_bytes : MiB, 0,
                     st0.peak_count ? st0.peak_count : 1, st0.total_allocations + 1);
             T_CU(cuCtxSetCurrent, g_ctx);
-            if (trim) T_FREE_BACK(trim, base, name);
+            T_USED_BACK(pool, base, name);
             T_CU(cuCtxSetCurrent, before);
             return;
         }
         T_CHECK(st != CUBUF_SUCCESS && b == NULL);
         T_STATS(r, 0, st0.peak_bytes, 0, st0.peak_count, st0.total_allocations);
-        if (trim) {
-            T_CU(cuCtxSetCurrent, g_ctx);
-            T_FREE_BACK(trim, base, name);
-            T_CU(cuCtxSetCurrent, before);
-        }
+        T_CU(cuCtxSetCurrent, g_ctx);
+        T_USED_BACK(pool, base, name);
+        T_CU(cuCtxSetCurrent, before);
     }
     fprintf(stderr, "%s: allocation never succeeded\n", name);
     t_failures++;
@@ -816,40 +795,42 @@ static void test_faults(void)
         T_CU(cuCtxSetCurrent, g_ctx);
     }
 
-    CUmemoryPool dp = default_pool();
     cubuf_resource_t *r = NULL;
     T_REQUIRE(mk_default(&r));
-    fault_allocate("default pool, user stream", r, g_s, dp);
+    fault_allocate("default pool, user stream", r, g_s);
     T_CU(cuCtxSetCurrent, NULL);
-    fault_allocate("default pool, legacy stream, no context", r, CU_STREAM_LEGACY, dp);
+    fault_allocate("default pool, legacy stream, no context", r, CU_STREAM_LEGACY);
     T_CU(cuCtxSetCurrent, g_ctx);
     cubuf_resource_release(r);
     T_REQUIRE(mk_private(&r));
-    fault_allocate("private pool", r, g_s, cubuf__pool_handle(r));
+    fault_allocate("private pool", r, g_s);
     T_CU(cuCtxSetCurrent, NULL);
-    fault_allocate("private pool, per-thread stream, no context", r, CU_STREAM_PER_THREAD,
-                   cubuf__pool_handle(r));
+    fault_allocate("private pool, per-thread stream, no context", r, CU_STREAM_PER_THREAD);
     T_CU(cuCtxSetCurrent, g_ctx);
     cubuf_resource_release(r);
     T_REQUIRE(mk_pinned(&r));
-    fault_allocate("pinned pool", r, g_s, NULL);
+    fault_allocate("pinned pool", r, g_s);
     T_CU(cuCtxSetCurrent, NULL);
-    fault_allocate("pinned pool, legacy stream, no context", r, CU_STREAM_LEGACY, NULL);
+    fault_allocate("pinned pool, legacy stream, no context", r, CU_STREAM_LEGACY);
     T_CU(cuCtxSetCurrent, g_ctx);
     cubuf_resource_release(r);
 
     /* The graph resource's allocation path, inside one capture that every
-     * refused attempt leaves intact. */
+     * refused attempt leaves intact: each driver call, then each host
+     * allocation, failed in turn. */
     T_REQUIRE(mk_graph(&r));
     CUstream cs;
     T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
     T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (int alloc = 0; alloc < 2; alloc++)
     for (unsigned n = 1; n < 100; n++) {
         cubuf_buffer_t *b = NULL;
         cubuf_fault_count_calls(true);
-        cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
         cubuf_status_t st = cubuf_resource_allocate(r, MiB, cs, &b);
         bool fired = cubuf_fault_fired();
+        if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         if (fired) check_balanced("graph resource in capture", n, cubuf_fault_fired_name());
         cubuf_fault_reset();
         cubuf_fault_count_calls(false);
@@ -863,13 +844,13 @@ static void test_faults(void)
             break;
         }
         T_CHECK(st != CUBUF_SUCCESS && b == NULL);
-        T_STATS(r, 0, 0, 0, 0, 0);
+        T_STATS(r, 0, alloc ? MiB : 0, 0, alloc, alloc); /* the driver pass's one success */
     }
     CUgraph g = NULL;
     T_CU(cuStreamEndCapture, cs, &g);
     T_CHECK(g != NULL);
     if (g) T_CU(cuGraphDestroy, g);
-    T_STATS(r, 0, MiB, 0, 1, 1);
+    T_STATS(r, 0, MiB, 0, 1, 2);
     T_CU(cuStreamDestroy, cs);
     cubuf_resource_release(r);
 }
@@ -948,14 +929,14 @@ int main(void)
     test_stats_layouts_cpu();
     if (t_failures) return t_finish("test_resource_pool (before the GPU part)");
     t_require_gpu();
+    t_held_count();
+    t_held_t held0 = t_held();
     cubuf_context_t *ctx = NULL;
     T_REQUIRE(cubuf_context_create(0, &ctx));
     T_REQUIRE(cubuf_context_handle(ctx, &g_ctx));
     T_CU(cuCtxSetCurrent, g_ctx);
     T_CU(cuDeviceGet, &g_dev, 0);
     T_CU(cuStreamCreate, &g_s, CU_STREAM_NON_BLOCKING);
-    g_memlog = getenv("CUBUF_TEST_MEMLOG") != NULL;
-    warm_up(default_pool());
     leak_visible(default_pool(), "default pool");
 
     test_validation();
@@ -975,6 +956,7 @@ int main(void)
     T_CU(cuStreamDestroy, g_s);
     T_CU(cuCtxSetCurrent, NULL);
     cubuf_context_destroy(ctx);
+    T_HELD_BACK(held0, "test_resource_pool"); /* every pool and allocation went back */
     unsigned flags = 0;
     int active = 1;
     T_CU(cuDevicePrimaryCtxGetState, g_dev, &flags, &active);

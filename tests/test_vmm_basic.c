@@ -716,8 +716,8 @@ int main(void)
     g_host = malloc(SCRATCH);
     if (!g_host) return 1;
     printf("granularity %zu bytes\n", g_gran);
-    warm_up(res, false);
-    size_t free0 = t_free_device_memory();
+    t_held_t held0 = t_held();
+    cubuf_vmm_live_t live0 = live_now();
 
     test_options();
     test_allocate(res);
@@ -731,12 +731,10 @@ int main(void)
 
     cubuf_resource_stats_t s = stats_of(res);
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);
-    size_t free1 = t_free_device_memory();
-    if (free1 + (8u << 20) < free0) {
-        fprintf(stderr, "device free memory %zu -> %zu\n", free0, free1);
-        t_failures++;
-    }
+    cubuf_vmm_live_t live1 = live_now();
+    T_CHECK(live_equal(&live0, &live1));
     cubuf_resource_release(res);
+    T_HELD_BACK(held0, "test_vmm_basic");
     free(g_host);
     cubuf_context_destroy(ctx);
     return t_finish("test_vmm_basic");

@@ -268,8 +268,9 @@ int main(void)
     cubuf_resource_t *res = vmm_test_start(&ctx, &g_ctx, &g_gran);
     g_host = malloc(SCRATCH);
     if (!g_host) return 1;
-    warm_up(res, false);
-    size_t free0 = t_free_device_memory();
+    t_held_t held0 = t_held();
+    cubuf_vmm_live_t live0;
+    cubuf__vmm_live(&live0);
 
     test_deferred_close(res, false);
     test_deferred_close(res, true);
@@ -279,11 +280,12 @@ int main(void)
     cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
     T_OK(cubuf_resource_stats(res, &s));
     T_CHECK(s.current_bytes == 0 && s.current_count == 0);
-    if (t_free_device_memory() + (16u << 20) < free0) {
-        fprintf(stderr, "device free memory %zu -> %zu\n", free0, t_free_device_memory());
-        t_failures++;
-    }
+    cubuf_vmm_live_t live1;
+    cubuf__vmm_live(&live1);
+    T_CHECK(live1.reservations == live0.reservations && live1.mappings == live0.mappings &&
+            live1.allocations == live0.allocations && live1.waiters == live0.waiters);
     cubuf_resource_release(res);
+    T_HELD_BACK(held0, "test_vmm_close");
     free(g_host);
     cubuf_context_destroy(ctx);
     return t_finish("test_vmm_close");

@@ -1,4 +1,4 @@
-/* Nothing lost: every driver call on the allocate, grow (in place, in place
+/* Nothing lost: every driver call on the create, allocate, grow (in place, in place
  * with a new reservation, moving) and close paths (unmapping everything, a
  * grown tail, the old mapping of a moved grow; unmapping nothing, which
  * records an event; unmapping after such a close) of virtual memory fails
@@ -6,12 +6,15 @@
  * reaching the n-th call). Each time:
  *  - a failed operation returns an error; the input buffer is open, holds
  *    its data and works; nothing was left reserved, created or mapped, no
- *    stream or event made (cubuf's live counts, the resource's statistics and the device's free
- *    memory are as before);
+ *    stream or event made (cubuf's live counts, the resource's statistics and the driver's
+ *    objects the process holds, counted at the table, are as before);
  *  - an operation that succeeds although a call failed (a release after the
- *    point of no return is retried) left everything exactly as a clean run. */
+ *    point of no return is retried) left everything exactly as a clean run.
+ * Then the same with every host allocation failed in turn instead: each
+ * failure is CUBUF_ERROR_OUT_OF_MEMORY, with the same checks. */
 #include <stdint.h>
 
+#include "alloc_fault_test.h"
 #include "test.h"
 #include "vmm_test.h"
 #include "vmm.h"
@@ -19,7 +22,6 @@
 #define MIB ((size_t)1 << 20)
 #define SIZE (64 * MIB)
 #define MAX_N 500
-#define FREE_SLACK (16 * MIB) /* driver bookkeeping; any leak here is >= 64 MiB */
 
 static cubuf_resource_t *g_res;
 static int g_warnings;
@@ -47,7 +49,8 @@ static bool still_works(cubuf_buffer_t *b, size_t base, unsigned seed)
 
 typedef struct snap {
     cubuf_vmm_live_t live;
-    size_t bytes, count, free_mem;
+    t_held_t held;
+    size_t bytes, count;
 } snap_t;
 
 static snap_t snap(void)
@@ -58,25 +61,23 @@ static snap_t snap(void)
     T_OK(cubuf_resource_stats(g_res, &st));
     s.bytes = st.current_bytes;
     s.count = st.current_count;
-    s.free_mem = t_free_device_memory();
+    s.held = t_held();
     return s;
 }
 
 static bool same(const snap_t *a, const snap_t *b, const char *what, unsigned n, const char *call)
 {
-    bool ok = a->live.reservations == b->live.reservations && a->live.mappings == b->live.mappings &&
-              a->live.allocations == b->live.allocations && a->live.waiters == b->live.waiters &&
-              a->bytes == b->bytes &&
-              a->count == b->count && b->free_mem + FREE_SLACK >= a->free_mem;
+    bool held = t_held_same(__FILE__, __LINE__, what, &a->held, &b->held);
+    bool ok = held && a->live.reservations == b->live.reservations &&
+              a->live.mappings == b->live.mappings && a->live.allocations == b->live.allocations &&
+              a->live.waiters == b->live.waiters && a->bytes == b->bytes && a->count == b->count;
     if (!ok)
         fprintf(stderr,
                 "%s, call %u (%s) failed: state changed: reservations %ld->%ld mappings %ld->%ld "
-                "allocations %ld->%ld waiters %ld->%ld bytes %zu->%zu count %zu->%zu free %zu->%zu "
-                "MiB\n",
+                "allocations %ld->%ld waiters %ld->%ld bytes %zu->%zu count %zu->%zu\n",
                 what, n, call, a->live.reservations, b->live.reservations, a->live.mappings,
                 b->live.mappings, a->live.allocations, b->live.allocations, a->live.waiters,
-                b->live.waiters, a->bytes, b->bytes,
-                a->count, b->count, a->free_mem / MIB, b->free_mem / MIB);
+                b->live.waiters, a->bytes, b->bytes, a->count, b->count);
     return ok;
 }
 
@@ -86,7 +87,13 @@ typedef struct shot {
     char call[64];
 } shot_t;
 
-static void arm(unsigned n) { cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN); }
+static bool g_alloc; /* the pass that fails host allocations instead of driver calls */
+
+static void arm(unsigned n)
+{
+    if (g_alloc) t_fail_alloc_nth(n);
+    else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+}
 
 static shot_t disarm(void)
 {
@@ -99,9 +106,9 @@ static shot_t disarm(void)
 
 static void report(const char *what, unsigned calls, unsigned errors, unsigned recovered)
 {
-    printf("%s: failed each of %u driver calls in turn: %u errors, %u absorbed after the point "
+    printf("%s: failed each of %u %s in turn: %u errors, %u absorbed after the point "
            "of no return\n",
-           what, calls, errors, recovered);
+           what, calls, g_alloc ? "host allocations" : "driver calls", errors, recovered);
 }
 
 /* ---- allocate ------------------------------------------------------------------------ */
@@ -118,6 +125,7 @@ static void fault_allocate(void)
         if (st != CUBUF_SUCCESS) {
             errors++;
             T_CHECK(shot.fired && b == NULL);
+            if (g_alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
         } else {
             if (shot.fired) absorbed++;
             write_pattern(cubuf_buffer_ptr(b), SIZE, 0, 1);
@@ -131,6 +139,32 @@ static void fault_allocate(void)
     }
     T_CHECK(n < MAX_N && errors > 0);
     report("allocate", n - 1, errors, absorbed);
+}
+
+/* ---- create --------------------------------------------------------------------------- */
+
+static void fault_create(void)
+{
+    unsigned errors = 0, n;
+    for (n = 1; n < MAX_N; n++) {
+        snap_t before = snap();
+        cubuf_resource_t *r = NULL;
+        arm(n);
+        cubuf_status_t st = cubuf_vmm_resource_create(0, NULL, &r);
+        shot_t shot = disarm();
+        if (st != CUBUF_SUCCESS) {
+            errors++;
+            T_CHECK(shot.fired && r == NULL);
+            if (g_alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+        } else {
+            cubuf_resource_release(r);
+        }
+        snap_t after = snap();
+        T_CHECK(same(&before, &after, "create", n, shot.call));
+        if (!shot.fired) break;
+    }
+    T_CHECK(n < MAX_N && errors > 0);
+    report("create", n - 1, errors, 0);
 }
 
 /* ---- grow ------------------------------------------------------------------------------ */
@@ -170,6 +204,7 @@ static void fault_grow(grow_kind_t kind)
         if (st != CUBUF_SUCCESS) {
             errors++;
             T_CHECK(shot.fired && g == NULL);
+            if (g_alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
             snap_t after = snap();
             T_CHECK(same(&before, &after, what, n, shot.call));
         } else {
@@ -186,8 +221,11 @@ static void fault_grow(grow_kind_t kind)
             /* The reservation an extending grow added stays with the space
              * as headroom while b keeps the space alive (address space, no
              * memory); it goes with b, checked below. */
-            if (kind == GROW_EXTEND && after.live.reservations == before.live.reservations + 1)
+            if (kind == GROW_EXTEND && after.live.reservations == before.live.reservations + 1 &&
+                after.held.reservations == before.held.reservations + 1) {
                 after.live.reservations--;
+                after.held.reservations--;
+            }
             T_CHECK(same(&before, &after, what, n, shot.call));
         }
         /* The buffer grown from is open, intact and works, whatever happened. */
@@ -292,6 +330,7 @@ static void fault_close(close_kind_t kind)
         if (st != CUBUF_SUCCESS) {
             errors++;
             T_CHECK(shot.fired);
+            if (g_alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
             T_CHECK(!cubuf_buffer_is_closed(sc.target) && cubuf_buffer_size(sc.target) == tsize);
             snap_t after = snap();
             T_CHECK(same(&before, &after, what, n, shot.call));
@@ -311,7 +350,7 @@ static void fault_close(close_kind_t kind)
         T_CHECK(same(&base, &after, what, n, shot.call));
         if (!shot.fired || t_failures > 20) break;
     }
-    T_CHECK(n < MAX_N && errors > 0);
+    T_CHECK(n < MAX_N && (errors > 0 || g_alloc)); /* a small close allocates nothing */
     report(what, n - 1, errors, absorbed);
     T_CU(cuStreamDestroy, s1);
     T_CU(cuStreamDestroy, s2);
@@ -325,18 +364,21 @@ int main(void)
     g_host = malloc(3 * SIZE);
     if (!g_host) return 1;
     cubuf_set_warning_handler(on_warning, NULL);
-    warm_up(g_res, false);
     snap_t s0 = snap();
 
-    fault_allocate();
-    fault_grow(GROW_HEADROOM);
-    fault_grow(GROW_EXTEND);
-    fault_grow(GROW_MOVE);
-    fault_close(CLOSE_ONLY);
-    fault_close(CLOSE_TAIL);
-    fault_close(CLOSE_MOVED_OLD);
-    fault_close(CLOSE_DEFERRED);
-    fault_close(CLOSE_AFTER_DEFERRED);
+    for (int pass = 0; pass < 2; pass++) {
+        g_alloc = pass == 1;
+        fault_create();
+        fault_allocate();
+        fault_grow(GROW_HEADROOM);
+        fault_grow(GROW_EXTEND);
+        fault_grow(GROW_MOVE);
+        fault_close(CLOSE_ONLY);
+        fault_close(CLOSE_TAIL);
+        fault_close(CLOSE_MOVED_OLD);
+        fault_close(CLOSE_DEFERRED);
+        fault_close(CLOSE_AFTER_DEFERRED);
+    }
 
     snap_t s1 = snap();
     T_CHECK(same(&s0, &s1, "the whole test", 0, "-"));

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU suite in one go: build, tests, tests under compute-sanitizer, cubuf
-# info, benchmarks. Usage: tools/gpu_suite.sh OUTDIR [parts...]
-# parts: build tests sanitize info bench (default: all of them). Logs go to OUTDIR.
+# info, benchmarks, and the whole suite built with ASan+UBSan.
+# Usage: tools/gpu_suite.sh OUTDIR [parts...]
+# parts: build tests sanitize info bench asan (default: all of them). Logs go to OUTDIR.
 set -uo pipefail
-out=${1:?usage: gpu_suite.sh OUTDIR [build|tests|sanitize|info|bench]...}
+out=${1:?usage: gpu_suite.sh OUTDIR [build|tests|sanitize|info|bench|asan]...}
 shift
-parts=${*:-build tests sanitize info bench}
+parts=${*:-build tests sanitize info bench asan}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 build=build-gpu
@@ -65,5 +66,27 @@ if has bench; then
     echo "== $name exit $?"
     grep -E "^TARGET|^SUMMARY" "$out/$name.log"
   done
+fi
+if has asan; then
+  # The whole suite built with CUBUF_SANITIZE=address,undefined (build-gpu-asan).
+  # protect_shadow_gap=0: cuInit maps memory where ASan's shadow gap lies
+  # (without it cuInit fails with CUDA_ERROR_OUT_OF_MEMORY).
+  asan=build-gpu-asan
+  if { cmake -S . -B $asan -G Ninja -DCUBUF_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+             -DCUBUF_SANITIZE=address,undefined && cmake --build $asan -j 16; } >"$out/asan-build.log" 2>&1; then
+    ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir $asan --output-on-failure --output-junit junit.xml --timeout 300 >"$out/asan.log" 2>&1 || rc=1
+    cp $asan/junit.xml "$out/asan-junit.xml" 2>/dev/null || true
+    cp $asan/Testing/Temporary/LastTest.log "$out/asan-LastTest.log" 2>/dev/null || true
+    reports=$(grep -E -c 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$out/asan-LastTest.log" 2>/dev/null)
+    grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/asan.log" | tail -25
+    sed -n '/^cubuf: .* tests /,$p' "$out/asan.log"
+    echo "asan: ${reports:-0} sanitizer report line(s) in the tests' output (asan-LastTest.log)"
+    [ "${reports:-0}" -eq 0 ] || rc=1
+  else
+    tail -50 "$out/asan-build.log"
+    echo "asan: the build failed (asan-build.log)"
+    rc=1
+  fi
 fi
 exit $rc

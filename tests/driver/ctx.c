@@ -19,9 +19,31 @@ static struct CUctx_st primaries[TD_DEVICE_COUNT] = {
 };
 static struct CUctx_st *created; /* live created contexts */
 
+/* Each thread's stack of current contexts, behind a pthread key: no
+ * _Thread_local in a library that is dlopen'ed (ThreadSanitizer reports the
+ * release of such dynamic TLS as a race). */
 #define TD_CTX_STACK 64
-static _Thread_local CUcontext stack[TD_CTX_STACK];
-static _Thread_local int depth;
+typedef struct thread_stack {
+    CUcontext at[TD_CTX_STACK];
+    int depth;
+} thread_stack_t;
+
+static pthread_key_t stack_key;
+static pthread_once_t stack_once = PTHREAD_ONCE_INIT;
+
+static void stack_init(void) { pthread_key_create(&stack_key, free); }
+
+/* This thread's stack, made on first use; NULL if memory ran out. */
+static thread_stack_t *stack_of_thread(void)
+{
+    pthread_once(&stack_once, stack_init);
+    thread_stack_t *t = pthread_getspecific(stack_key);
+    if (!t && (t = calloc(1, sizeof *t)) && pthread_setspecific(stack_key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
 
 static bool live_locked(CUcontext ctx)
 {
@@ -33,7 +55,11 @@ static bool live_locked(CUcontext ctx)
     return false;
 }
 
-CUcontext td_ctx_current(void) { return depth > 0 ? stack[depth - 1] : NULL; }
+CUcontext td_ctx_current(void)
+{
+    thread_stack_t *t = stack_of_thread();
+    return t && t->depth > 0 ? t->at[t->depth - 1] : NULL;
+}
 
 CUresult td_ctx_require(CUcontext *ctx)
 {
@@ -51,11 +77,6 @@ int td_ctx_device(CUcontext ctx)
     int dev = live_locked(ctx) ? ctx->device : -1;
     pthread_mutex_unlock(&lock);
     return dev;
-}
-
-CUcontext td_ctx_primary(int device)
-{
-    return device >= 0 && device < TD_DEVICE_COUNT ? &primaries[device] : NULL;
 }
 
 CUresult td_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice_v1 dev)
@@ -102,8 +123,9 @@ CUresult td_cuCtxPushCurrent(CUcontext ctx)
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
     if (td_ctx_device(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (depth == TD_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
-    stack[depth++] = ctx;
+    thread_stack_t *t = stack_of_thread();
+    if (!t || t->depth == TD_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
+    t->at[t->depth++] = ctx;
     return CUDA_SUCCESS;
 }
 
@@ -111,8 +133,9 @@ CUresult td_cuCtxPopCurrent(CUcontext *pctx)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    if (depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    CUcontext c = stack[--depth];
+    thread_stack_t *t = stack_of_thread();
+    if (!t || t->depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = t->at[--t->depth];
     if (pctx) *pctx = c;
     return CUDA_SUCCESS;
 }
@@ -130,13 +153,15 @@ CUresult td_cuCtxSetCurrent(CUcontext ctx)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
+    thread_stack_t *t = stack_of_thread();
+    if (!t) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!ctx) { /* pops the top, if any */
-        if (depth > 0) depth--;
+        if (t->depth > 0) t->depth--;
         return CUDA_SUCCESS;
     }
     if (td_ctx_device(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (depth == 0) depth = 1;
-    stack[depth - 1] = ctx;
+    if (t->depth == 0) t->depth = 1;
+    t->at[t->depth - 1] = ctx;
     return CUDA_SUCCESS;
 }
 
@@ -164,7 +189,8 @@ CUresult td_cuCtxCreate(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (ctxCreateParams && (ctxCreateParams->execAffinityParams || ctxCreateParams->cigParams))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (depth == TD_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
+    thread_stack_t *t = stack_of_thread();
+    if (!t || t->depth == TD_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->device = dev;
@@ -172,7 +198,7 @@ CUresult td_cuCtxCreate(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
     c->next = created;
     created = c;
     pthread_mutex_unlock(&lock);
-    stack[depth++] = c; /* the new context is current */
+    t->at[t->depth++] = c; /* the new context is current */
     *pctx = c;
     return CUDA_SUCCESS;
 }
@@ -190,7 +216,8 @@ CUresult td_cuCtxDestroy(CUcontext ctx)
     if (!found) return CUDA_ERROR_INVALID_CONTEXT; /* also a primary context */
     td_ctx_streams_destroy(ctx);
     /* Current to this thread: popped, as by cuCtxPopCurrent. */
-    if (depth > 0 && stack[depth - 1] == ctx) depth--;
+    thread_stack_t *t = stack_of_thread();
+    if (t && t->depth > 0 && t->at[t->depth - 1] == ctx) t->depth--;
     free(ctx);
     return CUDA_SUCCESS;
 }

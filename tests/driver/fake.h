@@ -30,7 +30,7 @@ CUBUF_DRIVER_ENTRIES(TD_DECLARE_, TD_DECLARE_)
 /* ---- devices (device.c) ---- */
 #define TD_DRIVER_VERSION 13000
 #define TD_DEVICE_COUNT 2
-#define TD_TOTAL_MEM ((size_t)4 << 30)       /* per device */
+#define TD_TOTAL_MEM ((size_t)8 << 30)       /* per device: room for the 4 GiB allocations tests make */
 #define TD_GRANULARITY ((size_t)2 << 20)     /* VMM and pool granularity */
 
 /* CUDA_ERROR_NOT_INITIALIZED before cuInit, else CUDA_SUCCESS. */
@@ -53,9 +53,6 @@ CUcontext td_ctx_current(void);
 CUresult td_ctx_require(CUcontext *ctx);
 /* The device of a live context, or -1 for an invalid/destroyed one. */
 int td_ctx_device(CUcontext ctx);
-/* The primary context of a device (it exists even while not retained;
- * stream.c uses it for the per-device state). */
-CUcontext td_ctx_primary(int device);
 
 /* ---- streams and the op queue (stream.c) ---- */
 /* An operation on a stream: fn(arg) runs on the stream's worker thread, in
@@ -101,7 +98,7 @@ void td_ctx_drain(CUcontext ctx);
  * td_ctx_drain. */
 CUresult td_ctx_synchronize(CUcontext ctx);
 /* A context goes away (cuCtxDestroy, the last primary release): waits for
- * its streams' work, then destroys its streams and events. */
+ * its streams' work, then destroys its streams (events stay valid). */
 void td_ctx_streams_destroy(CUcontext ctx);
 
 /* ---- memory (mem.c) ---- */
@@ -130,6 +127,7 @@ typedef struct td_range {
     void *owner;         /* the pool (CUmemoryPool) or VMM handle, or NULL */
     bool host_memtype;   /* reports CU_MEMORYTYPE_HOST (host pools, host memory) */
     unsigned long long id; /* unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID), set by td_range_add */
+    unsigned flags;      /* cuMemHostAlloc / cuMemHostRegister flags (host kinds) */
 } td_range_t;
 
 /* Adds a range (its id is assigned). CUDA_ERROR_OUT_OF_MEMORY if the
@@ -141,13 +139,6 @@ bool td_range_find(uintptr_t addr, td_range_t *out);
  * *out (may be NULL); false if there is none. */
 bool td_range_remove(uintptr_t base, td_kind_t kind, td_range_t *out);
 
-/* Shared memory that another process can map: a memfd of `size` bytes
- * mapped MAP_SHARED read-write. Returns the address (NULL with errno on
- * failure) and the fd in *fd (the caller owns both). */
-void *td_memfd_map(size_t size, int *fd);
-/* Maps `size` bytes of an existing fd at `offset` (MAP_SHARED, read-write);
- * NULL on failure. */
-void *td_fd_map(int fd, size_t offset, size_t size);
 
 /* ---- capabilities ---- */
 /* Capabilities of pool.c, vmm.c and ipc.c: 1 faithful, 0 not faithful, -1

@@ -59,10 +59,7 @@ int td_mem_can(const char *what)
     /* Graph allocations are host memory the graph owns; they are not
      * charged to cuMemGetInfo (the real driver maps them at launch). */
     if (strcmp(what, "graph_memory_accounting") == 0) return 0;
-    if (strcmp(what, "cross_process_pool_import") == 0) return 1;
-    if (strcmp(what, "ipc_legacy") == 0) return 1;
-    if (strcmp(what, "vmm_protection") == 0) return 1;
-    return -1;
+    return -1; /* everything else of pools, VMM and IPC is faithful */
 }
 
 /* ---- legacy IPC handles ---- */
@@ -112,8 +109,10 @@ CUresult td_cuIpcGetMemHandle(CUipcMemHandle_v1 *pHandle, CUdeviceptr_v2 dptr)
     if (r != CUDA_SUCCESS) return r;
     if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
     td_range_t rg;
-    if (!td_range_find((uintptr_t)dptr, &rg) || rg.kind != TD_KIND_DEVICE || rg.fd < 0)
-        return CUDA_ERROR_INVALID_VALUE; /* only cuMemAlloc memory has legacy handles */
+    /* only cuMemAlloc memory has legacy handles, named by its base */
+    if (!td_range_find((uintptr_t)dptr, &rg) || rg.kind != TD_KIND_DEVICE || rg.fd < 0 ||
+        rg.base != (uintptr_t)dptr)
+        return CUDA_ERROR_INVALID_VALUE;
     struct stat s;
     if (fstat(rg.fd, &s) != 0) return CUDA_ERROR_INVALID_VALUE;
     legacy_handle_t h;
@@ -217,14 +216,9 @@ CUresult td_cuIpcCloseMemHandle(CUdeviceptr_v2 dptr)
         if (o->base != (uintptr_t)dptr) continue;
         if (--o->refs == 0) {
             *q = o->next;
-            /* Work queued on the mapping finishes first (the real close
-             * synchronizes too). */
-            pthread_mutex_unlock(&lock);
-            td_ctx_drain(NULL);
             td_range_remove(o->base, TD_KIND_IPC, NULL);
             munmap((void *)o->map, o->map_size);
             free(o);
-            return CUDA_SUCCESS;
         }
         pthread_mutex_unlock(&lock);
         return CUDA_SUCCESS;

@@ -92,7 +92,6 @@ static capture_t *captures;
 static struct CUevent_st *events;
 static unsigned long long next_id = 1;
 
-static _Thread_local CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* ---- dependencies and workers ---- */
 
@@ -185,46 +184,68 @@ typedef struct per_thread {
     CUcontext ctx;
     unsigned long long id;
 } per_thread_t;
-static _Thread_local per_thread_t per_thread[TD_PER_THREAD_MAX];
-static pthread_key_t per_thread_key;
-static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
+
+/* What each thread has of its own, behind a pthread key: no _Thread_local
+ * in a library that is dlopen'ed (ThreadSanitizer reports the release of
+ * such dynamic TLS as a race). */
+typedef struct thread_state {
+    CUstreamCaptureMode mode; /* cuThreadExchangeStreamCaptureMode; GLOBAL (0) at first */
+    per_thread_t streams[TD_PER_THREAD_MAX]; /* the per-thread default streams */
+} thread_state_t;
+
+static pthread_key_t thread_key;
+static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
 
 /* A thread's per-thread streams end with it. */
-static void per_thread_exit(void *unused)
+static void thread_exit(void *arg)
 {
-    (void)unused;
+    thread_state_t *t = arg;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < TD_PER_THREAD_MAX; i++) {
-        CUstream s = per_thread[i].id ? find_id_locked(per_thread[i].id) : NULL;
+        CUstream s = t->streams[i].id ? find_id_locked(t->streams[i].id) : NULL;
         if (s) s->destroyed = true;
-        per_thread[i].id = 0;
     }
     pthread_cond_broadcast(&changed);
     pthread_mutex_unlock(&lock);
+    free(t);
 }
 
-static void per_thread_init(void) { pthread_key_create(&per_thread_key, per_thread_exit); }
+static void thread_init(void) { pthread_key_create(&thread_key, thread_exit); }
+
+/* This thread's state, made on first use; NULL if memory ran out. Takes no
+ * lock (callers may hold it). */
+static thread_state_t *thread_state(void)
+{
+    pthread_once(&thread_once, thread_init);
+    thread_state_t *t = pthread_getspecific(thread_key);
+    if (!t && (t = calloc(1, sizeof *t)) && pthread_setspecific(thread_key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
 
 static CUresult per_thread_locked(CUcontext ctx, CUstream *out)
 {
+    thread_state_t *t = thread_state();
+    if (!t) return CUDA_ERROR_OUT_OF_MEMORY;
     int slot = -1;
     for (int i = 0; i < TD_PER_THREAD_MAX; i++) {
-        if (per_thread[i].id && per_thread[i].ctx == ctx) {
-            CUstream s = find_id_locked(per_thread[i].id);
+        per_thread_t *p = &t->streams[i];
+        if (p->id && p->ctx == ctx) {
+            CUstream s = find_id_locked(p->id);
             if (s && !s->destroyed) {
                 *out = s;
                 return CUDA_SUCCESS;
             }
-            per_thread[i].id = 0;
+            p->id = 0;
         }
-        if (!per_thread[i].id && slot < 0) slot = i;
+        if (!p->id && slot < 0) slot = i;
     }
     if (slot < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = stream_new_locked(ctx, KIND_PER_THREAD, 0, 0, out);
-    if (r != CUDA_SUCCESS) return r;
-    per_thread[slot] = (per_thread_t){ctx, (*out)->id};
-    pthread_setspecific(per_thread_key, per_thread);
-    return CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) t->streams[slot] = (per_thread_t){ctx, (*out)->id};
+    return r;
 }
 
 /* ---- handles ---- */
@@ -259,7 +280,6 @@ static CUresult resolve(CUstream h, CUstream *out)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     r = resolve_locked(h, out);
     pthread_mutex_unlock(&lock);
@@ -297,6 +317,25 @@ static void graph_release(struct CUgraph_st *g)
         free(o);
     }
     free(g);
+}
+
+static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void graph_unref(struct CUgraph_st *g)
+{
+    pthread_mutex_lock(&graph_lock);
+    graph_release(g);
+    pthread_mutex_unlock(&graph_lock);
+}
+
+/* A capture ends: no stream captures into it any more. */
+static void capture_unlink_locked(capture_t *c)
+{
+    for (CUstream x = streams; x; x = x->next)
+        if (x->cap == c) x->cap = NULL;
+    capture_t **at = &captures;
+    while (*at != c) at = &(*at)->next;
+    *at = c->next;
 }
 
 static bool capture_active_locked(unsigned long long id)
@@ -386,8 +425,7 @@ static CUresult submit_locked(CUstream s, op_t *op, const dep_t *extra)
     return CUDA_SUCCESS;
 }
 
-static CUresult enqueue(CUstream h, td_op_fn fn, const void *arg, size_t arg_size,
-                        const dep_t *extra, dep_t *at)
+CUresult td_enqueue(CUstream hStream, td_op_fn fn, const void *arg, size_t arg_size)
 {
     op_t *op = op_new(fn, arg, arg_size);
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -396,40 +434,34 @@ static CUresult enqueue(CUstream h, td_op_fn fn, const void *arg, size_t arg_siz
         op_free(op);
         return r;
     }
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     CUstream s;
-    r = resolve_locked(h, &s);
+    r = resolve_locked(hStream, &s);
     if (r != CUDA_SUCCESS) op_free(op);
-    else r = submit_locked(s, op, extra);
-    if (r == CUDA_SUCCESS && at) *at = (dep_t){s->cap ? 0 : s->id, s->cap ? 0 : s->enqueued};
+    else r = submit_locked(s, op, NULL);
     pthread_mutex_unlock(&lock);
     return r;
-}
-
-CUresult td_enqueue(CUstream hStream, td_op_fn fn, const void *arg, size_t arg_size)
-{
-    return enqueue(hStream, fn, arg, arg_size, NULL, NULL);
-}
-
-static void wait_dep(const dep_t *d)
-{
-    pthread_mutex_lock(&lock);
-    while (!dep_met_locked(d)) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
 }
 
 CUresult td_enqueue_sync(CUstream hStream, td_op_fn fn, const void *arg, size_t arg_size)
 {
     CUresult r = td_capture_unsafe_call();
     if (r != CUDA_SUCCESS) return r;
-    CUstreamCaptureStatus cs;
-    if ((r = td_stream_capture_status(hStream, &cs)) != CUDA_SUCCESS) return r;
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    dep_t at;
-    if ((r = enqueue(hStream, fn, arg, arg_size, NULL, &at)) != CUDA_SUCCESS) return r;
-    wait_dep(&at);
-    return CUDA_SUCCESS;
+    op_t *op = op_new(fn, arg, arg_size);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    CUstream s;
+    dep_t at = {0, 0};
+    r = resolve_locked(hStream, &s);
+    if (r == CUDA_SUCCESS && s->cap) { /* waiting on a capturing stream */
+        s->cap->invalidated = true;
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (r != CUDA_SUCCESS) op_free(op);
+    else if ((r = submit_locked(s, op, NULL)) == CUDA_SUCCESS) at = (dep_t){s->id, s->enqueued};
+    while (r == CUDA_SUCCESS && !dep_met_locked(&at)) pthread_cond_wait(&changed, &lock);
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 CUresult td_stream_ctx(CUstream hStream, CUcontext *ctx)
@@ -444,7 +476,6 @@ CUresult td_stream_capture_status(CUstream hStream, CUstreamCaptureStatus *statu
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     CUstream s;
     r = resolve_locked(hStream, &s);
@@ -483,7 +514,8 @@ CUresult td_capture_own(CUstream hStream, void (*release)(void *arg), void *arg)
 static bool forbids_locked(const capture_t *c)
 {
     bool mine = pthread_equal(c->thread, pthread_self());
-    switch (thread_mode) {
+    const thread_state_t *t = thread_state();
+    switch (t ? t->mode : CU_STREAM_CAPTURE_MODE_GLOBAL) {
     case CU_STREAM_CAPTURE_MODE_RELAXED: return false;
     case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
     default:
@@ -584,12 +616,19 @@ CUresult td_cuStreamDestroy(CUstream hStream)
     pthread_mutex_lock(&lock);
     CUstream s;
     r = resolve_locked(hStream, &s);
+    capture_t *ended = NULL;
     if (r == CUDA_SUCCESS) {
-        if (s->cap) s->cap->invalidated = true;
+        /* A capture it began ends with it, failed; one it joined goes on without it. */
+        if (s->cap && s->cap->origin == s) capture_unlink_locked(ended = s->cap);
+        s->cap = NULL;
         s->destroyed = true; /* its work still runs, then the worker ends */
         pthread_cond_broadcast(&changed);
     }
     pthread_mutex_unlock(&lock);
+    if (ended) {
+        graph_unref(ended->graph);
+        free(ended);
+    }
     return r;
 }
 
@@ -611,7 +650,6 @@ static CUresult stream_wait(CUstream hStream, bool wait)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     CUstream s;
     r = resolve_locked(hStream, &s);
@@ -721,7 +759,6 @@ CUresult td_cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
         free(g);
         return r;
     }
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     CUstream s;
     r = resolve_locked(hStream, &s);
@@ -760,13 +797,7 @@ CUresult td_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     if (r == CUDA_SUCCESS && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
         !pthread_equal(c->thread, pthread_self()))
         r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-    if (r == CUDA_SUCCESS) {
-        for (CUstream x = streams; x; x = x->next)
-            if (x->cap == c) x->cap = NULL;
-        capture_t **at = &captures;
-        while (*at != c) at = &(*at)->next;
-        *at = c->next;
-    }
+    if (r == CUDA_SUCCESS) capture_unlink_locked(c);
     pthread_mutex_unlock(&lock);
     if (r != CUDA_SUCCESS) return r;
     *phGraph = NULL;
@@ -774,7 +805,7 @@ CUresult td_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     bool invalidated = c->invalidated;
     free(c);
     if (invalidated) {
-        graph_release(g);
+        graph_unref(g);
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     *phGraph = g;
@@ -784,22 +815,15 @@ CUresult td_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 CUresult td_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
     if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-    CUstreamCaptureMode old = thread_mode;
-    thread_mode = *mode;
+    thread_state_t *t = thread_state();
+    if (!t) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUstreamCaptureMode old = t->mode;
+    t->mode = *mode;
     *mode = old;
     return CUDA_SUCCESS;
 }
 
 /* ---- graphs ---- */
-
-static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void graph_unref(struct CUgraph_st *g)
-{
-    pthread_mutex_lock(&graph_lock);
-    graph_release(g);
-    pthread_mutex_unlock(&graph_lock);
-}
 
 CUresult td_cuGraphDestroy(CUgraph hGraph)
 {
@@ -901,7 +925,6 @@ CUresult td_cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     struct CUevent_st *e = event_find_locked(hEvent);
     CUstream s = NULL;
@@ -960,7 +983,6 @@ CUresult td_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Fla
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
     if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
-    pthread_once(&per_thread_once, per_thread_init);
     pthread_mutex_lock(&lock);
     struct CUevent_st *e = event_find_locked(hEvent);
     CUstream s = NULL;
