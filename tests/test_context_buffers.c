@@ -418,9 +418,9 @@ static void test_view_base(cubuf_context_t *c)
 
     /* A view made through another context over a base runs where the base's
      * memory belongs (cubuf.h, "Default streams"). */
-    CUcontext priv = NULL;
-    T_CU(cuCtxCreate, &priv, NULL, 0, 0);
-    T_CU(cuCtxSetCurrent, ctx);
+    CUcontext priv = NULL, popped = NULL;
+    T_CU(cuCtxCreate, &priv, NULL, 0, 0); /* pushed */
+    T_CU(cuCtxPopCurrent, &popped);        /* ctx is current again */
     cubuf_context_t *other = NULL;
     T_REQUIRE(cubuf_context_wrap(priv, &other));
     T_REQUIRE(cubuf_context_new_buffer(c, 4096, &base));

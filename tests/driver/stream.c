@@ -149,7 +149,11 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static bool blocking(CUstream s) { return s->kind == KIND_PER_THREAD || (s->kind == KIND_USER && !(s->flags & CU_STREAM_NON_BLOCKING)); }
+/* A stream that the legacy default stream synchronizes with. */
+static bool blocking(CUstream s)
+{
+    return s->kind == KIND_PER_THREAD || (s->kind == KIND_USER && !(s->flags & CU_STREAM_NON_BLOCKING));
+}
 
 static CUresult stream_new_locked(CUcontext ctx, stream_kind_t kind, unsigned flags, int priority,
                                   CUstream *out)
@@ -633,8 +637,8 @@ CUresult td_cuStreamDestroy(CUstream hStream)
 }
 
 /* What synchronizing s waits for: its own work, and for the legacy stream
- * the work of the context's blocking streams too. Fills want[] (lock held);
- * false if s captures (the caller's error). */
+ * the work of the context's blocking streams too. Fills want[] (lock held)
+ * and returns how many it filled. */
 static size_t sync_targets_locked(CUstream s, dep_t *want, size_t cap)
 {
     size_t k = 0;
