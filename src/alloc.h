@@ -9,6 +9,10 @@
 #include <stdlib.h>
 
 /* ---- allocation fault seam (see fault.h for the test interface) ---- */
+#ifdef CUBUF_NO_FAULT_SEAM
+/* A program built from single sources without src/fault.c (the fuzzer). */
+static inline bool cubuf__alloc_fails(void) { return false; }
+#else
 extern atomic_bool cubuf__alloc_fault_armed;
 /* Counts this host allocation and decides whether it fails. */
 bool cubuf__alloc_fault_hit(void);
@@ -18,6 +22,7 @@ static inline bool cubuf__alloc_fails(void)
     return atomic_load_explicit(&cubuf__alloc_fault_armed, memory_order_relaxed) &&
            cubuf__alloc_fault_hit();
 }
+#endif
 
 static inline void *cubuf__malloc(size_t n) { return cubuf__alloc_fails() ? NULL : malloc(n); }
 

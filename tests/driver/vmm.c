@@ -65,6 +65,7 @@ typedef struct span {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t arena;       /* 0 until the first reservation */
+static size_t arena_size;     /* its size, ARENA_SIZE or less (see arena_take_locked) */
 static int shared_fd = -1;    /* memory that is never exported */
 static uint64_t shared_bump;
 static span_t *shared_holes;
@@ -149,7 +150,7 @@ static uintptr_t align_up(uintptr_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static bool arena_free_locked(uintptr_t base, size_t size)
 {
-    if (base < arena || base + size > arena + ARENA_SIZE || base + size < base) return false;
+    if (base < arena || base + size > arena + arena_size || base + size < base) return false;
     for (resv_t *v = resvs; v; v = v->next)
         if (v->base < base + size && base < v->base + v->size) return false;
     return true;
@@ -159,15 +160,22 @@ static bool arena_free_locked(uintptr_t base, size_t size)
 static uintptr_t arena_take_locked(size_t size, size_t align)
 {
     if (!arena) {
-        size_t span = ARENA_SIZE + ((size_t)1 << 30);
-        void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        /* As large as the process's address space allows: under
+         * ThreadSanitizer, whose shadow takes most of it, 1 TiB is sometimes
+         * not there, so halve down to 64 GiB. */
+        void *p = MAP_FAILED;
+        for (arena_size = ARENA_SIZE; p == MAP_FAILED && arena_size >= ((size_t)1 << 36);) {
+            p = mmap(NULL, arena_size + ((size_t)1 << 30), PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) arena_size /= 2;
+        }
         if (p == MAP_FAILED) return 0;
         arena = align_up((uintptr_t)p, (size_t)1 << 30);
     }
     uintptr_t cand = align_up(arena, align);
     for (bool moved = true; moved;) {
         moved = false;
-        if (cand + size > arena + ARENA_SIZE || cand + size < cand) return 0;
+        if (cand + size > arena + arena_size || cand + size < cand) return 0;
         for (resv_t *v = resvs; v; v = v->next)
             if (v->base < cand + size && cand < v->base + v->size) {
                 cand = align_up(v->base + v->size, align);
@@ -192,7 +200,7 @@ CUresult td_cuMemAddressReserve(CUdeviceptr_v2 *ptr, size_t size, size_t alignme
     v->in_arena = true;
     if (addr && addr % align == 0) {
         if (arena_free_locked((uintptr_t)addr, size)) p = (uintptr_t)addr;
-        else if ((!arena || addr + size <= arena || addr >= arena + ARENA_SIZE) &&
+        else if ((!arena || addr + size <= arena || addr >= arena + arena_size) &&
                  reserve_at((uintptr_t)addr, size)) {
             p = (uintptr_t)addr;
             v->in_arena = false;
