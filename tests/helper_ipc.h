@@ -24,6 +24,7 @@
 #include "cubuf.h"
 #include "driver.h"
 #include "fault.h"
+#include "test.h"
 
 #define PEER_MIB ((size_t)1 << 20)
 #define PEER_GIB ((size_t)1 << 30)
@@ -128,27 +129,6 @@ static inline cubuf_status_t peer_verify(const cubuf_buffer_t *buf, uint64_t see
     free(host);
     free(want);
     return r == CUDA_SUCCESS ? CUBUF_SUCCESS : CUBUF_ERROR_DRIVER;
-}
-
-/* ---- process state ---- */
-
-static inline size_t peer_free_memory(void)
-{
-    size_t f = 0, t = 0;
-    if (cubuf__drv.cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return 0;
-    return f;
-}
-
-/* Free device memory back to `baseline` (frees may land a little later). */
-static inline bool peer_memory_back(size_t baseline)
-{
-    for (int i = 0; i < 200; i++) {
-        if (peer_free_memory() >= baseline) return true;
-        cubuf__drv.cuCtxSynchronize();
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return false;
 }
 
 /* ---- pool imports the library keeps (both processes) ---- */
@@ -356,6 +336,7 @@ static inline cubuf_status_t peer_init(peer_t *p, int sock)
     cubuf_context_handle(p->ctx, &h);
     if (cubuf__drv.cuCtxSetCurrent(h) != CUDA_SUCCESS) return CUBUF_ERROR_DRIVER;
     pw_install();
+    t_held_count(); /* this process's driver objects: its leak checks (OP_HELD) */
     return CUBUF_SUCCESS;
 }
 
@@ -440,7 +421,7 @@ enum peer_op {
     OP_WRITE,      /* write the pattern into a slot's buffer */
     OP_CLOSE,      /* close a slot's buffer (flags: PEER_DUP closes the duplicate), synchronize */
     OP_CLEAR,      /* release a slot entirely (resource included) */
-    OP_MEMINFO,    /* value: free device memory */
+    OP_HELD,       /* held: the driver objects the peer holds (t_held) */
     OP_EXIT,       /* reply, then exit at once without closing anything */
     OP_POOLS,      /* value: live pool imports, granted ones in the high 32 bits;
                       detail: the fds they hold ("12 13 "), see pw_residue_fds */
@@ -469,6 +450,7 @@ typedef struct peer_reply {
     int32_t status; /* a cubuf_status_t */
     uint32_t pad;
     uint64_t value;
+    t_held_t held; /* OP_HELD */
     char detail[256];
 } peer_reply_t;
 
@@ -637,7 +619,7 @@ static inline int peer_serve(peer_t *p)
             break;
         case OP_CLOSE: st = peer_close(p, &c); break;
         case OP_CLEAR: peer_slot_clear(s); break;
-        case OP_MEMINFO: r.value = peer_free_memory(); break;
+        case OP_HELD: r.held = t_held(); break;
         case OP_POOLS: {
             int fds[64], n = pw_residue_fds(fds, 64);
             size_t used = 0;

@@ -2,11 +2,12 @@
  * for their mechanism against a peer process (tests/helper_ipc.c) started
  * with fork+exec. The test process is "me": it exports to the peer, or
  * imports what the peer exports. Each scenario checks data both ways; the
- * fds in /proc/PID/fd of both processes (number and target) and free device
- * memory against baselines; and that every driver object an import
+ * fds in /proc/PID/fd of both processes (number and target) and the driver
+ * objects each process holds (t_held: its own calls, never the device's free
+ * memory) against baselines; and that every driver object an import
  * acquired was released (a tracker in front of the driver table). A failed
  * check prints what it compared: the fds opened or closed since the
- * baseline, the memory figures, the objects still held. */
+ * baseline, the object counts, the objects still held. */
 #ifndef CUBUF_TEST_HELPER_IPC_SUITE_H
 #define CUBUF_TEST_HELPER_IPC_SUITE_H
 
@@ -282,15 +283,12 @@ static inline bool fds_back(const char *what, const fd_snap_t *base, int skip)
     return fds_back_except(what, base, skip, res, nres);
 }
 
-/* Free device memory back to `baseline`, waiting for frees that land
- * late; otherwise prints both numbers. */
-static inline bool mem_back(const char *what, size_t baseline)
+/* Whether a process holds the driver objects (t_held) of `base` plus
+ * `kept` pool imports it keeps; prints both where not. */
+static inline bool held_back(const char *what, t_held_t base, int kept, t_held_t now)
 {
-    if (peer_memory_back(baseline)) return true;
-    size_t now = peer_free_memory();
-    fprintf(stderr, "  %s: free device memory %zu -> %zu bytes (%+.1f MiB), not back after 2 s\n", what,
-            baseline, now, ((double)now - (double)baseline) / (double)PEER_MIB);
-    return false;
+    base.pools += kept;
+    return t_held_same(__FILE__, __LINE__, what, &base, &now);
 }
 
 /* ---- driver objects acquired and released (a tracker over the table) ---- */
@@ -528,19 +526,27 @@ static inline int helper_pools(helper_t *h, int *granted, int *fds, int cap, int
     return (int)(r.value & 0xffffffffu);
 }
 
+/* The driver objects the helper holds now (OP_HELD; zeros, with the
+ * failure counted, if it did not answer). */
+static inline t_held_t helper_held(helper_t *h)
+{
+    return H_OK(h, .op = OP_HELD).held;
+}
+
 /* ---- scenarios ---- */
 
 /* The peer exports (slice [off, off+len) of a `size`-byte buffer, or all of
  * it with len 0); I import, read its data, write mine, and the peer reads
  * mine through its own buffer. Then the same the other way round. Importers
- * close first; fds and memory are back to their baselines on both sides. */
+ * close first; fds and driver objects are back to their baselines on both
+ * sides, but for the pinned pool imports kept. */
 static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t size, size_t off,
                                   size_t len, uint32_t export_flags, bool check_baselines)
 {
     static fd_snap_t my_fds, its_fds;
     fds_take(&my_fds, 0, -1);
     fds_take(&its_fds, h->pid, -1);
-    size_t my_mem = peer_free_memory();
+    t_held_t my_held = t_held(), its_held = helper_held(h);
     int my_pools = g_pw.n, its_granted = 0, its_res[64], its_nres = 0;
     int its_pools = helper_pools(h, &its_granted, its_res, 64, &its_nres);
     size_t pos = len ? off : 0;
@@ -562,7 +568,6 @@ static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t
     T_OK(cubuf_ipc_descriptor_info(d, &info));
     T_CHECK(len ? info.size == len : info.size >= size); /* VMM rounds up to its granularity */
     cubuf_buffer_t *imp = NULL;
-    size_t mem_before_import = peer_free_memory();
     T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, CU_STREAM_LEGACY, &imp));
     cubuf_ipc_descriptor_destroy(d); /* the import does not need the fds any more */
     if (!imp) return;
@@ -590,25 +595,6 @@ static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t
     T_OK(cubuf_buffer_close(imp)); /* a second close is a no-op */
     cubuf_buffer_release(imp);
     cubuf__drv.cuCtxSynchronize();
-    /* A kept pinned pool import holds device memory of its own (on the H200,
-     * 2 MiB for a 1 GiB allocation while the import lives). Measured here,
-     * with the pointer freed and only the import left, and bounded; it is
-     * the one amount the memory check below leaves out. A device pool
-     * import is destroyed: nothing may stay. Open: the helper's kept import
-     * of MY 1 GiB pinned pool (me -> peer below) holds 4 MiB of my device
-     * memory after my pool is gone; that is not left out yet. */
-    size_t kept_mem = 0;
-    if (suite_kept(m)) {
-        size_t after = peer_free_memory();
-        kept_mem = mem_before_import > after ? mem_before_import - after : 0;
-        if (kept_mem > size / 64 + 2 * PEER_MIB) {
-            fprintf(stderr, "  %s: the kept pool import holds %zu bytes of device memory; expected at most %zu\n",
-                    what, kept_mem, size / 64 + 2 * PEER_MIB);
-            t_failures++;
-        }
-        if (kept_mem) printf("  %s: the kept pool import holds %.1f MiB of device memory\n", what,
-                             (double)kept_mem / (double)PEER_MIB);
-    }
     H_OK(h, .op = OP_CLEAR, .slot = 1);
 
     /* me -> peer */
@@ -654,13 +640,12 @@ static inline void suite_transfer(peer_t *me, helper_t *h, peer_mech_t m, size_t
     T_CHECK(fds_back(who, &my_fds, -1));
     snprintf(who, sizeof who, "%s, the helper's", what);
     T_CHECK(fds_back_except(who, &its_fds, -1, its_res, its_nres));
-    /* The helper's kept import of my pinned pool holds some of my device
-     * memory too (the driver's mapping of the pool for its access grant:
-     * 4 MiB for a 1 GiB pool on the H200), bounded like my own kept import.
-     * Pinned pool memory itself is host memory: a leaked buffer shows in the
-     * driver-object and pointer checks above, not here. */
-    size_t its_kept_mem = its_k ? size / 64 + 2 * PEER_MIB : 0;
-    T_CHECK(mem_back(what, my_mem - kept_mem - its_kept_mem));
+    /* Each process's own calls, mine and the helper's: what each made is
+     * given back but the pinned pool import it keeps. */
+    snprintf(who, sizeof who, "%s, mine", what);
+    T_CHECK(held_back(who, my_held, k, t_held()));
+    snprintf(who, sizeof who, "%s, the helper's", what);
+    T_CHECK(held_back(who, its_held, its_k, helper_held(h)));
 }
 
 /* One descriptor imported twice, and a copy of it (the wire format with
@@ -787,7 +772,7 @@ static inline void suite_importer_exits(peer_t *me, helper_t *h, peer_mech_t m, 
     /* the socket to the helper goes with it */
     static fd_snap_t my_fds;
     fds_take(&my_fds, 0, h->sock);
-    size_t my_mem = peer_free_memory();
+    t_held_t my_held = t_held();
     char what[80];
     snprintf(what, sizeof what, "%s: the importer %s first", peer_mech_name(m), kill_it ? "is killed" : "exits");
     uint64_t seed = 0xf0f0 + m + kill_it;
@@ -822,7 +807,7 @@ static inline void suite_importer_exits(peer_t *me, helper_t *h, peer_mech_t m, 
     T_OK(cubuf_buffer_close(me->slot[4].buf));
     peer_slot_clear(&me->slot[4]);
     T_CHECK(fds_back(what, &my_fds, -1));
-    T_CHECK(mem_back(what, my_mem));
+    T_CHECK(held_back(what, my_held, 0, t_held()));
     *h = helper_start();
 }
 
@@ -870,7 +855,7 @@ static inline void suite_new_export(helper_t *h, peer_mech_t m, uint32_t export_
  * import succeeds. Every failure leaves nothing imported or mapped but what the
  * library keeps on purpose: a pool import that a device was granted access
  * to before the failure (pinned pools; never a device pool). The acquiring
- * and releasing calls balance otherwise, fds and free memory are back, the
+ * and releasing calls balance otherwise, fds and driver objects are back, the
  * descriptor stays usable; the final import reads the right data. With
  * `fresh`, each attempt imports a pool this process holds no import of:
  * after an attempt that left one kept, the peer exports again from a new
@@ -881,7 +866,7 @@ static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_
 {
     static fd_snap_t fds0;
     fds_take(&fds0, 0, -1);
-    size_t mem0 = peer_free_memory();
+    t_held_t held0 = t_held();
     unsigned n = 1, failures = 0, survived = 0;
     int kept_total = 0;
     for (; n < 200 && *d; n++) {
@@ -933,8 +918,8 @@ static inline void suite_fault_pass(helper_t *h, peer_mech_t m, uint32_t export_
         T_CHECK(track_end_kept(what, kept) == 0);
         T_CHECK(g_pw.n == pools0 + kept && pw_ungranted() == 0);
         T_CHECK(fds_back(what, &fds0, -1));
-        T_CHECK(mem_back(what, mem0));
         kept_total += kept;
+        T_CHECK(held_back(what, held0, kept_total, t_held()));
         if (!fired) break;
         if (fresh && kept) {
             /* that pool is imported for good now: a new one from the peer */

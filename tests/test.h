@@ -93,14 +93,19 @@ static inline bool t_testdriver_can(const char *what)
  * device cannot move them (its free memory they can). */
 typedef struct t_held {
     long reservations; /* cuMemAddressReserve - cuMemAddressFree */
-    long physical;     /* cuMemCreate - cuMemRelease */
+    long physical;     /* cuMemCreate + cuMemImportFromShareableHandle - cuMemRelease */
     long mappings;     /* cuMemMap - cuMemUnmap */
-    long device;       /* cuMemAlloc + cuMemAllocManaged - cuMemFree */
+    long device;       /* cuMemAlloc + cuMemAllocManaged - cuMemFree (of other pointers) */
     long host;         /* cuMemAllocHost + cuMemHostAlloc - cuMemFreeHost */
-    long pools;        /* cuMemPoolCreate - cuMemPoolDestroy */
+    long pools;        /* cuMemPoolCreate + cuMemPoolImportFromShareableHandle - cuMemPoolDestroy */
+    long pool_ptrs;    /* cuMemPoolImportPointer - cuMemFree, cuMemFreeAsync of those */
+    long ipc_opened;   /* cuIpcOpenMemHandle - cuIpcCloseMemHandle */
 } t_held_t;
 
-enum { T_HELD_RESV, T_HELD_PHYS, T_HELD_MAPS, T_HELD_DEV, T_HELD_HOST, T_HELD_POOLS, T_HELD_N };
+enum {
+    T_HELD_RESV, T_HELD_PHYS, T_HELD_MAPS, T_HELD_DEV, T_HELD_HOST, T_HELD_POOLS, T_HELD_PTRS,
+    T_HELD_IPC, T_HELD_N
+};
 
 static inline atomic_long *t_held_counts_(void)
 {
@@ -130,6 +135,9 @@ T_HELD_WRAP_(cuMemCreate, T_HELD_PHYS, 1,
              (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
               unsigned long long f),
              (h, n, prop, f))
+T_HELD_WRAP_(cuMemImportFromShareableHandle, T_HELD_PHYS, 1,
+             (CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType type),
+             (h, os, type))
 T_HELD_WRAP_(cuMemRelease, T_HELD_PHYS, -1, (CUmemGenericAllocationHandle h), (h))
 T_HELD_WRAP_(cuMemMap, T_HELD_MAPS, 1,
              (CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h,
@@ -138,14 +146,59 @@ T_HELD_WRAP_(cuMemMap, T_HELD_MAPS, 1,
 T_HELD_WRAP_(cuMemUnmap, T_HELD_MAPS, -1, (CUdeviceptr p, size_t n), (p, n))
 T_HELD_WRAP_(cuMemAlloc, T_HELD_DEV, 1, (CUdeviceptr *p, size_t n), (p, n))
 T_HELD_WRAP_(cuMemAllocManaged, T_HELD_DEV, 1, (CUdeviceptr *p, size_t n, unsigned f), (p, n, f))
-T_HELD_WRAP_(cuMemFree, T_HELD_DEV, -1, (CUdeviceptr p), (p))
 T_HELD_WRAP_(cuMemAllocHost, T_HELD_HOST, 1, (void **p, size_t n), (p, n))
 T_HELD_WRAP_(cuMemHostAlloc, T_HELD_HOST, 1, (void **p, size_t n, unsigned f), (p, n, f))
 T_HELD_WRAP_(cuMemFreeHost, T_HELD_HOST, -1, (void *p), (p))
 T_HELD_WRAP_(cuMemPoolCreate, T_HELD_POOLS, 1, (CUmemoryPool *pool, const CUmemPoolProps *props),
              (pool, props))
 T_HELD_WRAP_(cuMemPoolDestroy, T_HELD_POOLS, -1, (CUmemoryPool pool), (pool))
+T_HELD_WRAP_(cuMemPoolImportFromShareableHandle, T_HELD_POOLS, 1,
+             (CUmemoryPool *pool, void *os, CUmemAllocationHandleType type, unsigned long long f),
+             (pool, os, type, f))
+T_HELD_WRAP_(cuIpcOpenMemHandle, T_HELD_IPC, 1, (CUdeviceptr *p, CUipcMemHandle h, unsigned f),
+             (p, h, f))
+T_HELD_WRAP_(cuIpcCloseMemHandle, T_HELD_IPC, -1, (CUdeviceptr p), (p))
 #undef T_HELD_WRAP_
+
+/* The imported pool pointers alive now: cuMemFree and cuMemFreeAsync free
+ * them as well as the process's own memory, so the wrappers look them up.
+ * Adds p (add) or removes it; returns whether that was done. */
+#define T_HELD_PTRS_MAX 1024
+static inline bool t_held_ptr_(CUdeviceptr p, bool add)
+{
+    static CUdeviceptr live[T_HELD_PTRS_MAX];
+    static atomic_flag lock = ATOMIC_FLAG_INIT;
+    bool done = false;
+    while (atomic_flag_test_and_set(&lock)) {
+    }
+    for (int i = 0; i < T_HELD_PTRS_MAX && !done; i++)
+        if (live[i] == (add ? 0 : p)) {
+            live[i] = add ? p : 0;
+            done = true;
+        }
+    atomic_flag_clear(&lock);
+    return done;
+}
+static inline CUresult CUDAAPI t_held_cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool,
+                                                             CUmemPoolPtrExportData *data)
+{
+    CUresult r = t_held_real_()->cuMemPoolImportPointer(p, pool, data);
+    if (r == CUDA_SUCCESS && t_held_ptr_(*p, true)) atomic_fetch_add(&t_held_counts_()[T_HELD_PTRS], 1);
+    return r;
+}
+static inline CUresult CUDAAPI t_held_cuMemFree(CUdeviceptr p)
+{
+    CUresult r = t_held_real_()->cuMemFree(p);
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_sub(&t_held_counts_()[t_held_ptr_(p, false) ? T_HELD_PTRS : T_HELD_DEV], 1);
+    return r;
+}
+static inline CUresult CUDAAPI t_held_cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    CUresult r = t_held_real_()->cuMemFreeAsync(p, s);
+    if (r == CUDA_SUCCESS && t_held_ptr_(p, false)) atomic_fetch_sub(&t_held_counts_()[T_HELD_PTRS], 1);
+    return r;
+}
 
 static inline void t_held_count(void)
 {
@@ -164,6 +217,9 @@ static inline void t_held_count(void)
     T_HELD_SET_(cuMemAlloc) T_HELD_SET_(cuMemAllocManaged) T_HELD_SET_(cuMemFree)
     T_HELD_SET_(cuMemAllocHost) T_HELD_SET_(cuMemHostAlloc) T_HELD_SET_(cuMemFreeHost)
     T_HELD_SET_(cuMemPoolCreate) T_HELD_SET_(cuMemPoolDestroy)
+    T_HELD_SET_(cuMemImportFromShareableHandle) T_HELD_SET_(cuMemPoolImportFromShareableHandle)
+    T_HELD_SET_(cuMemPoolImportPointer) T_HELD_SET_(cuMemFreeAsync)
+    T_HELD_SET_(cuIpcOpenMemHandle) T_HELD_SET_(cuIpcCloseMemHandle)
 #undef T_HELD_SET_
 }
 
@@ -172,7 +228,8 @@ static inline t_held_t t_held(void)
     const atomic_long *n = t_held_counts_();
     t_held_t h = {atomic_load(&n[T_HELD_RESV]), atomic_load(&n[T_HELD_PHYS]),
                   atomic_load(&n[T_HELD_MAPS]), atomic_load(&n[T_HELD_DEV]),
-                  atomic_load(&n[T_HELD_HOST]), atomic_load(&n[T_HELD_POOLS])};
+                  atomic_load(&n[T_HELD_HOST]), atomic_load(&n[T_HELD_POOLS]),
+                  atomic_load(&n[T_HELD_PTRS]), atomic_load(&n[T_HELD_IPC])};
     return h;
 }
 
@@ -182,14 +239,16 @@ static inline bool t_held_same(const char *file, int line, const char *what, con
 {
     if (a->reservations == b->reservations && a->physical == b->physical &&
         a->mappings == b->mappings && a->device == b->device && a->host == b->host &&
-        a->pools == b->pools)
+        a->pools == b->pools && a->pool_ptrs == b->pool_ptrs && a->ipc_opened == b->ipc_opened)
         return true;
     fprintf(stderr,
             "%s:%d: %s: driver objects held changed: reservations %ld -> %ld, physical "
             "allocations %ld -> %ld, mappings %ld -> %ld, device/managed allocations %ld -> %ld, "
-            "pinned host allocations %ld -> %ld, memory pools %ld -> %ld\n",
+            "pinned host allocations %ld -> %ld, memory pools %ld -> %ld, imported pool "
+            "pointers %ld -> %ld, opened legacy handles %ld -> %ld\n",
             file, line, what, a->reservations, b->reservations, a->physical, b->physical,
-            a->mappings, b->mappings, a->device, b->device, a->host, b->host, a->pools, b->pools);
+            a->mappings, b->mappings, a->device, b->device, a->host, b->host, a->pools, b->pools,
+            a->pool_ptrs, b->pool_ptrs, a->ipc_opened, b->ipc_opened);
     return false;
 }
 

@@ -204,8 +204,8 @@ out:
 }
 
 /* The context's own pool (cubuf_context_new_buffer's) goes to another
- * process as a private pool does. Free memory is not compared with a
- * baseline: the context's pool keeps freed memory for reuse. */
+ * process as a private pool does. Baselines (fds, driver objects held) are
+ * not compared: the context's pool keeps freed memory for reuse. */
 static void run_context(peer_t *me, helper_t *h)
 {
     printf("context\n");
