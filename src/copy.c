@@ -128,8 +128,9 @@ static CUmemcpyAttributes to_attributes(const cubuf_copy_options_t *o)
  * host for pageable memory, by the driver on a private non-blocking stream,
  * synchronized, for pinned, device and managed memory.
  * The copies then go from that block in stream order, with the options'
- * other hints, and the block is freed on the stream after them. Nothing
- * waits for the stream. */
+ * other hints, and the block is freed on the stream after them. For a device
+ * destination nothing waits for the stream (the driver makes a copy to host
+ * memory synchronous). */
 
 /* Reads [src, src+size) into the pinned block at dst now: pageable memory
  * by the host, the rest enqueued on `side` (synchronized by the caller). */
@@ -233,9 +234,7 @@ static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count,
     return st;
 }
 
-/* ---- enqueueing ------------------------------------------------------------ */
-
-/* ---- batches --------------------------------------------------------------- */
+/* ---- batches and enqueueing ------------------------------------------------- */
 
 /* The non-empty copies of a batch in the three arrays cuMemcpyBatchAsync takes. */
 typedef struct batch_arrays {
