@@ -460,8 +460,7 @@ cubuf_status_t cubuf_buffer_copy_to_new(const cubuf_buffer_t *src, CUstream stre
     cubuf_status_t st = cubuf__buffer_check_open(src, what);
     if (st != CUBUF_SUCCESS) return st;
     /* A slice's or a based view's memory is its root's: allocate from there. */
-    const cubuf_buffer_t *root = src;
-    while (!root->resource && root->parent) root = root->parent;
+    const cubuf_buffer_t *root = src->parent ? src->parent : src; /* parents are roots */
     if (!root->resource)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: the source is a view that no memory resource owns; there is "

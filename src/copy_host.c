@@ -33,54 +33,50 @@ static cubuf_status_t host_range(const cubuf_buffer_t *buf, int64_t position, in
     return CUBUF_SUCCESS;
 }
 
-/* One copy on `stream` in buf's context, then the stream synchronized. A
- * capturing stream is refused first: synchronizing it would break the
- * capture. */
-static cubuf_status_t copy_now(const cubuf_buffer_t *buf, CUdeviceptr dst, CUdeviceptr src,
-                               size_t n, CUstream stream, const char *what)
+/* Both directions: the checks, then one copy on `stream` in buf's context
+ * and the stream synchronized. A capturing stream is refused first:
+ * synchronizing it would break the capture. */
+static cubuf_status_t host_copy(const cubuf_buffer_t *buf, int64_t position, int64_t nbytes,
+                                const void *host, size_t host_size, bool to_host, CUstream stream,
+                                size_t *copied, const char *what)
 {
-    cubuf_status_t st = cubuf__driver_load();
+    CHECK_ARG(buf, "%s: buf is NULL", what);
+    CHECK_ARG(host || host_size == 0, "%s: the host side is NULL with %zu bytes", what, host_size);
+    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
+    size_t n = 0;
+    if (st == CUBUF_SUCCESS)
+        st = host_range(buf, position, nbytes, host_size, to_host ? "host buffer" : "host data",
+                        what, &n);
     if (st != CUBUF_SUCCESS) return st;
-    cubuf_ctx_guard_t g;
-    if ((st = cubuf__ctx_push(cubuf__buffer_exec_ctx(buf), &g)) != CUBUF_SUCCESS) return st;
-    st = cubuf__stream_refuse_capture(stream, NULL, what);
-    if (st == CUBUF_SUCCESS && (st = CU(cuMemcpyAsync, dst, src, n, stream)) == CUBUF_SUCCESS)
-        st = CU(cuStreamSynchronize, stream);
-    if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, n);
-    cubuf__ctx_pop(&g);
-    return st;
+    if (n) {
+        const CUdeviceptr dev = buf->ptr + (CUdeviceptr)position, h = (CUdeviceptr)(uintptr_t)host;
+        if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+        cubuf_ctx_guard_t g;
+        if ((st = cubuf__ctx_push(cubuf__buffer_exec_ctx(buf), &g)) != CUBUF_SUCCESS) return st;
+        st = cubuf__stream_refuse_capture(stream, NULL, what);
+        if (st == CUBUF_SUCCESS &&
+            (st = CU(cuMemcpyAsync, to_host ? h : dev, to_host ? dev : h, n, stream)) == CUBUF_SUCCESS)
+            st = CU(cuStreamSynchronize, stream);
+        if (st != CUBUF_SUCCESS) cubuf__detail_append("%s of %zu bytes", what, n);
+        cubuf__ctx_pop(&g);
+        if (st != CUBUF_SUCCESS) return st;
+    }
+    if (copied) *copied = n;
+    return CUBUF_SUCCESS;
 }
 
 cubuf_status_t cubuf_buffer_copy_to_host(const cubuf_buffer_t *buf, int64_t position,
                                          int64_t nbytes, void *host, size_t host_size,
                                          CUstream stream, size_t *copied)
 {
-    static const char what[] = "cubuf_buffer_copy_to_host";
-    CHECK_ARG(buf, "%s: buf is NULL", what);
-    CHECK_ARG(host || host_size == 0, "%s: host is NULL with host_size %zu", what, host_size);
-    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
-    size_t n = 0;
-    if (st == CUBUF_SUCCESS) st = host_range(buf, position, nbytes, host_size, "host buffer", what, &n);
-    if (st == CUBUF_SUCCESS && n)
-        st = copy_now(buf, (CUdeviceptr)(uintptr_t)host, buf->ptr + (CUdeviceptr)position, n,
-                      stream, what);
-    if (st == CUBUF_SUCCESS && copied) *copied = n;
-    return st;
+    return host_copy(buf, position, nbytes, host, host_size, true, stream, copied,
+                     "cubuf_buffer_copy_to_host");
 }
 
 cubuf_status_t cubuf_buffer_copy_from_host(cubuf_buffer_t *buf, const void *data, size_t data_size,
                                            int64_t position, int64_t nbytes, CUstream stream,
                                            size_t *copied)
 {
-    static const char what[] = "cubuf_buffer_copy_from_host";
-    CHECK_ARG(buf, "%s: buf is NULL", what);
-    CHECK_ARG(data || data_size == 0, "%s: data is NULL with data_size %zu", what, data_size);
-    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
-    size_t n = 0;
-    if (st == CUBUF_SUCCESS) st = host_range(buf, position, nbytes, data_size, "host data", what, &n);
-    if (st == CUBUF_SUCCESS && n)
-        st = copy_now(buf, buf->ptr + (CUdeviceptr)position, (CUdeviceptr)(uintptr_t)data, n,
-                      stream, what);
-    if (st == CUBUF_SUCCESS && copied) *copied = n;
-    return st;
+    return host_copy(buf, position, nbytes, data, data_size, false, stream, copied,
+                     "cubuf_buffer_copy_from_host");
 }

@@ -2,7 +2,6 @@
 #ifndef CUBUF_TEST_H
 #define CUBUF_TEST_H
 
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,24 +60,6 @@ static inline void t_require_gpus(int n)
     }
 }
 #define t_require_gpu() t_require_gpus(1)
-
-/* Whether the driver does `what` as the real one does: false only on the
- * host-backed test driver (tests/driver/, loaded through CUBUF_LIBCUDA) for
- * a capability it answers no to (cubuf_testdriver_can); true on a real
- * driver. A test skips only that part, printing "SKIP part: ..." and why. */
-static inline bool t_testdriver_can(const char *what)
-{
-    const char *path = getenv("CUBUF_LIBCUDA");
-    int n = 0;
-    if (!path || !*path || cubuf_device_count(&n) != CUBUF_SUCCESS) return true;
-    void *lib = dlopen(path, RTLD_NOLOAD | RTLD_NOW); /* cubuf loaded it */
-    if (!lib) return true;
-    int (*can)(const char *) = NULL;
-    *(void **)&can = dlsym(lib, "cubuf_testdriver_can");
-    bool yes = !can || can(what) != 0;
-    dlclose(lib);
-    return yes;
-}
 
 /* ---- leak checks: what this process holds of the driver ----------------------
  *

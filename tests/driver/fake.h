@@ -5,7 +5,7 @@
  * `td_cuX` with the exact signature of cudaTypedefs.h's PFN_cuX_v<version>
  * (declared below from the same X-macro list, so a mismatch does not
  * compile); proc.c hands them out through cuGetProcAddress_v2.
- * Files: proc.c (table, capability query), device.c, ctx.c, stream.c,
+ * Files: proc.c (table), device.c, ctx.c, stream.c,
  * mem.c (core); pool.c, vmm.c, ipc.c (memory pools, VMM, legacy IPC).
  *
  * "Device memory" is host memory of this process (unified addressing). */
@@ -140,11 +140,6 @@ bool td_range_find(uintptr_t addr, td_range_t *out);
 bool td_range_remove(uintptr_t base, td_kind_t kind, td_range_t *out);
 
 
-/* ---- capabilities ---- */
-/* Capabilities of pool.c, vmm.c and ipc.c: 1 faithful, 0 not faithful, -1
- * not one of theirs. cubuf_testdriver_can() (proc.c) asks this first. */
-int td_mem_can(const char *what);
-
 /* ---- pools, VMM and IPC (pool.c, vmm.c, ipc.c) ---- */
 /* cuMemFree of stream-ordered memory (a TD_KIND_POOL range: a pool or graph
  * allocation; a TD_KIND_IPC range made by cuMemPoolImportPointer): waits
@@ -162,7 +157,6 @@ int td_share_memfd(const char *name, size_t size);
 bool td_share_name(int fd, char *name, size_t cap);
 
 /* Exported besides cuGetProcAddress_v2: */
-TD_API int cubuf_testdriver_can(const char *what);
 TD_API const char *cubuf_testdriver_name(void);
 
 #endif

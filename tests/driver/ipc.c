@@ -1,6 +1,5 @@
 /* Sharing memory with other processes: the named memfds that pool and VMM
- * memory live in, legacy IPC handles for cuMemAlloc memory, and the
- * capabilities of pool.c, vmm.c and this file.
+ * memory live in, and legacy IPC handles for cuMemAlloc memory.
  *
  * A legacy handle carries what another process needs to map the same
  * memfd: the exporter's pid and fd number (opened through
@@ -50,16 +49,6 @@ bool td_share_name(int fd, char *name, size_t cap)
     if (end) *end = '\0';
     snprintf(name, cap, "%s", target + pre);
     return true;
-}
-
-/* ---- capabilities ---- */
-
-int td_mem_can(const char *what)
-{
-    /* Graph allocations are host memory the graph owns; they are not
-     * charged to cuMemGetInfo (the real driver maps them at launch). */
-    if (strcmp(what, "graph_memory_accounting") == 0) return 0;
-    return -1; /* everything else of pools, VMM and IPC is faithful */
 }
 
 /* ---- legacy IPC handles ---- */

@@ -1,5 +1,5 @@
 /* cuGetProcAddress_v2: every entry point of src/driver.h's table, by name
- * and ABI version, and the capability query. */
+ * and ABI version, and the driver's name. */
 #include <string.h>
 
 #include "fake.h"
@@ -39,21 +39,6 @@ TD_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     }
     if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_ERROR_NOT_FOUND;
-}
-
-/* What this driver cannot do as the real one does. */
-static const char *const cannot[] = {
-    "kernels", /* no device code runs here */
-};
-
-TD_API int cubuf_testdriver_can(const char *what)
-{
-    if (!what) return 0;
-    int mem = td_mem_can(what);
-    if (mem >= 0) return mem;
-    for (size_t i = 0; i < sizeof cannot / sizeof cannot[0]; i++)
-        if (strcmp(cannot[i], what) == 0) return 0;
-    return 1;
 }
 
 TD_API const char *cubuf_testdriver_name(void) { return "cubuf test driver"; }
