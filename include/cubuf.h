@@ -943,6 +943,47 @@ CUBUF_API cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res,
 CUBUF_API cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
                                                  cubuf_buffer_t **out);
 
+/*
+ * The raw-pointer interface: what resources layered over other resources
+ * (the adaptors of cubuf/adaptor.h, a caching resource, a user resource)
+ * ask of their upstream, and what a program that keeps its own pointers
+ * uses. Every resource has it. A raw allocation is the same allocation
+ * cubuf_resource_allocate makes (same driver calls, same default-stream
+ * rule, counted in the resource's statistics), without a buffer object:
+ *  - the caller keeps a reference to `res` until the last raw allocation
+ *    of it is deallocated (buffers hold their resource; raw pointers do not);
+ *  - deallocate with exactly the pointer and size allocate returned, once,
+ *    ordered on `stream` (the memory may be reused by work ordered after
+ *    that point of `stream`). A raw allocation stays one: handing its
+ *    pointer to cubuf_buffer_wrap would count and free it a second time.
+ * Resources whose allocations carry state (virtual memory, which grows and
+ * aliases) keep a buffer per raw pointer and look it up on deallocate;
+ * for them a pointer or size that is not one of theirs is
+ * CUBUF_ERROR_INVALID_ARGUMENT. Thread-safe as the resource is.
+ */
+
+/**
+ * Allocates `size` > 0 bytes ordered on `stream` into *ptr.
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, size 0), and what
+ * cubuf_resource_allocate returns; *ptr is untouched on failure.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size,
+                                                     CUstream stream, CUdeviceptr *ptr);
+
+/**
+ * Deallocates what cubuf_resource_allocate_raw returned, ordered on `stream`
+ * (a default stream means the resource's context's, as for allocation).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, pointer 0, a pointer or size
+ * the resource knows is not one of its raw allocations), what the
+ * resource's free returns (CUBUF_ERROR_STREAM_CAPTURING where it refuses a
+ * capturing stream; the allocation then stays allocated), CUBUF_ERROR_DRIVER.
+ */
+CUBUF_API cubuf_status_t cubuf_resource_deallocate_raw(cubuf_resource_t *res, CUdeviceptr ptr,
+                                                       size_t size, CUstream stream);
+
+/** The `state` given to cubuf_resource_create; NULL for every other resource and for NULL. */
+CUBUF_API void *cubuf_resource_user_state(const cubuf_resource_t *res);
+
 /* ------------------------------------------------------------------------ */
 /* Context buffers (pyarrow.cuda.Context)                                    */
 /* ------------------------------------------------------------------------ */
@@ -1070,5 +1111,6 @@ CUBUF_API cubuf_status_t cubuf_context_device_address(cubuf_context_t *ctx, cons
 #include <cubuf/vmm.h>
 #include <cubuf/ipc.h>
 #include <cubuf/stream.h>
+#include <cubuf/adaptor.h>
 
 #endif /* CUBUF_H */

@@ -155,7 +155,7 @@ cubuf_status_t cubuf_buffer_wrap(CUdeviceptr ptr, size_t size, cubuf_resource_t 
         cubuf__buffer_discard(buf);
         return st;
     }
-    cubuf__resource_hold(resource, size);
+    cubuf__resource_adopt(resource, buf);
     *out = buf;
     return CUBUF_SUCCESS;
 }
@@ -228,14 +228,10 @@ static cubuf_status_t close_buffer(cubuf_buffer_t *buf, const char *what)
     cubuf_status_t st = refuse_busy(buf, what);
     if (st != CUBUF_SUCCESS) return st;
     cubuf_resource_t *res = buf->resource;
-    if (res && buf->ptr) {
-        st = res->vt->deallocate(res, buf, &buf->dealloc);
-        if (st != CUBUF_SUCCESS) return st; /* refused or failed: the buffer stays open */
-    }
-    drop_holds(buf);
+    if (res && (st = cubuf__resource_free_buffer(res, buf)) != CUBUF_SUCCESS)
+        return st; /* refused or failed: the buffer stays open */
     buf->resource = NULL;
-    /* Statistics count buffers of size > 0 (see cubuf__resource_allocate). */
-    cubuf__resource_drop(res, res && !res->vt->manages_stats ? buf->size : 0);
+    drop_holds(buf);
     buf->closed = true;
     buf->ptr = 0;
     buf->size = 0;

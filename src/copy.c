@@ -11,6 +11,7 @@
 
 #include "abi.h"
 #include "internal.h"
+#include "staging.h"
 
 /* Runs in dst's context, else src's, else the caller's current one. */
 static CUcontext copy_ctx(const cubuf_buffer_t *dst, const cubuf_buffer_t *src)

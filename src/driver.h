@@ -66,7 +66,7 @@
     X(cuMemImportFromShareableHandle, 10020) XO(cuMemRetainAllocationHandle, 11000)     \
     XO(cuMemGetAllocationPropertiesFromHandle, 10020) X(cuIpcGetMemHandle, 4010)        \
     X(cuIpcOpenMemHandle, 11000) X(cuIpcCloseMemHandle, 4010)                           \
-    XO(cuMemcpyBatchAsync, 13000)
+    XO(cuMemcpyBatchAsync, 13000) XO(cuMemGetHandleForAddressRange, 11070)
 
 /* One id per entry point, for fault injection and call counting. */
 typedef enum cubuf_drv_id {

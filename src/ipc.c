@@ -133,8 +133,8 @@ static cubuf_status_t pick_chunks(const cubuf_vmm_chunk_t *chunks, size_t n, uin
     return CUBUF_SUCCESS;
 }
 
-static cubuf_status_t export_vmm(const cubuf_buffer_t *root, uint64_t offset, size_t size,
-                                 cubuf_ipc_descriptor_t **out)
+cubuf_status_t cubuf__ipc_export_vmm(const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                     cubuf_ipc_descriptor_t **out)
 {
     cubuf_resource_t *res = root->resource;
     if (!(cubuf__vmm_handle_type(res) & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
@@ -211,6 +211,29 @@ fail:
     return st;
 }
 
+/* The vtbl entries of the pool and the synchronous device resources. */
+cubuf_status_t cubuf__ipc_export_pool(const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                      cubuf_ipc_descriptor_t **out)
+{
+    cubuf_status_t st = cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_POOL, 1, out);
+    if (st == CUBUF_SUCCESS && (st = export_pool(root, offset, size, *out)) != CUBUF_SUCCESS) {
+        cubuf_ipc_descriptor_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+cubuf_status_t cubuf__ipc_export_legacy(const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                        cubuf_ipc_descriptor_t **out)
+{
+    cubuf_status_t st = cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_LEGACY, 0, out);
+    if (st == CUBUF_SUCCESS && (st = export_legacy(root, offset, size, *out)) != CUBUF_SUCCESS) {
+        cubuf_ipc_descriptor_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 cubuf_status_t cubuf_buffer_ipc_descriptor(const cubuf_buffer_t *buf, cubuf_ipc_descriptor_t **out)
 {
     CHECK_ARG(buf && out, "cubuf_buffer_ipc_descriptor: NULL argument");
@@ -225,28 +248,17 @@ cubuf_status_t cubuf_buffer_ipc_descriptor(const cubuf_buffer_t *buf, cubuf_ipc_
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                            "cubuf_buffer_ipc_descriptor: a view owns no memory to share");
     if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+    if (!res->vt->export_ipc)
+        return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                           "cubuf_buffer_ipc_descriptor: the memory of this %s resource cannot be "
+                           "shared: %s",
+                           res->vt->name,
+                           res->vt->no_export
+                               ? res->vt->no_export
+                               : "use an IPC-enabled device or pinned pool, a VMM resource with "
+                                 "POSIX fd handles, or the sync device resource");
     cubuf_ipc_descriptor_t *d = NULL;
-    switch (res->kind) {
-    case CUBUF_RES_DEVICE_POOL:
-    case CUBUF_RES_PINNED_POOL:
-        CHECK(cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_POOL, 1, &d));
-        CHECK(export_pool(root, offset, buf->size, d));
-        break;
-    case CUBUF_RES_VMM: CHECK(export_vmm(root, offset, buf->size, &d)); break;
-    case CUBUF_RES_SYNC_DEVICE:
-        CHECK(cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_LEGACY, 0, &d));
-        CHECK(export_legacy(root, offset, buf->size, d));
-        break;
-    case CUBUF_RES_IMPORTED:
-        return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                           "cubuf_buffer_ipc_descriptor: imported memory cannot be exported again; "
-                           "export it from the process that allocated it");
-    default:
-        return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                           "cubuf_buffer_ipc_descriptor: this resource's memory cannot be shared; "
-                           "use an IPC-enabled device or pinned pool, a VMM resource with POSIX fd "
-                           "handles, or the sync device resource");
-    }
+    CHECK(res->vt->export_ipc(root, offset, buf->size, &d));
     /* What we send must pass what the peer will check. */
     CHECK(cubuf__ipc_desc_validate(d));
     *out = d;
@@ -623,7 +635,7 @@ static cubuf_status_t import_legacy(const cubuf_ipc_descriptor_t *d, ipc_import_
 /* ---- imported resources ---- */
 
 static cubuf_status_t imported_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                        bool in_ctx)
+                                        bool in_ctx, cubuf_charge_t *charge)
 {
     return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                        "an imported IPC mapping cannot allocate: allocate from a resource of "
@@ -671,8 +683,9 @@ static cubuf_status_t drain_before_unmap(const cubuf_resource_t *res, const cubu
 }
 
 static cubuf_status_t imported_vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                              const cubuf_stream_token_t *token)
+                                              const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)charge;
     ipc_import_t *imp = res->impl;
     if (imp->released) return CUBUF_SUCCESS;
     cubuf_status_t st = drain_before_unmap(res, token, "closing an imported VMM buffer");
@@ -686,8 +699,9 @@ static cubuf_status_t imported_vmm_deallocate(cubuf_resource_t *res, cubuf_buffe
 }
 
 static cubuf_status_t imported_legacy_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                                 const cubuf_stream_token_t *token)
+                                                 const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)charge;
     ipc_import_t *imp = res->impl;
     if (imp->released) return CUBUF_SUCCESS;
     cubuf_status_t st = drain_before_unmap(res, token, "closing an imported legacy IPC buffer");
@@ -736,8 +750,9 @@ unsigned cubuf__ipc_pool_imports_waiting(void)
 }
 
 static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                               const cubuf_stream_token_t *token)
+                                               const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)charge;
     ipc_import_t *imp = res->impl;
     if (imp->released) return CUBUF_SUCCESS;
     CUcontext cx = token_ctx(res, token);
@@ -773,23 +788,34 @@ out:
 
 /* An imported resource holds one import, the one its buffer maps: any
  * other pointer handed to it would be "freed" by undoing that import. */
+static const char imported_no_export[] =
+    "imported memory cannot be exported again; export it from the process that allocated it";
 static const char imported_no_adopt[] =
     "an imported IPC resource frees only the mapping it imported (close the imported buffer "
     "instead)";
 
 static const cubuf_resource_vtbl_t imported_pool_vtbl = {
+    .name = "imported pool IPC",
+    .no_export = imported_no_export,
+    .raw_keeps_buffer = true, /* no raw allocation: a raw free is never one of its */
     .allocate = imported_allocate,
     .deallocate = imported_pool_deallocate,
     .destroy = imported_destroy,
     .no_adopt = imported_no_adopt,
 };
 static const cubuf_resource_vtbl_t imported_vmm_vtbl = {
+    .name = "imported VMM IPC",
+    .no_export = imported_no_export,
+    .raw_keeps_buffer = true, /* no raw allocation: a raw free is never one of its */
     .allocate = imported_allocate,
     .deallocate = imported_vmm_deallocate,
     .destroy = imported_destroy,
     .no_adopt = imported_no_adopt,
 };
 static const cubuf_resource_vtbl_t imported_legacy_vtbl = {
+    .name = "imported legacy IPC",
+    .no_export = imported_no_export,
+    .raw_keeps_buffer = true, /* no raw allocation: a raw free is never one of its */
     .allocate = imported_allocate,
     .deallocate = imported_legacy_deallocate,
     .destroy = imported_destroy,
@@ -840,7 +866,7 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
     cubuf_buffer_t *buf = NULL;
     ipc_import_t *imp = NULL;
     cubuf_ctx_guard_t g = {false};
-    if ((st = cubuf__resource_new(import_vtbl(desc->mechanism), CUBUF_RES_IMPORTED, c, &res)) !=
+    if ((st = cubuf__resource_new(import_vtbl(desc->mechanism), c, 0, &res)) !=
         CUBUF_SUCCESS) {
         cubuf__context_release(c);
         return st;
@@ -869,7 +895,7 @@ cubuf_status_t cubuf_buffer_from_ipc_descriptor(cubuf_context_t *ctx,
     cubuf__buffer_take_props(buf, res);
     buf->flags |= CUBUF__MAPPED;
     buf->resource = res; /* takes our reference */
-    cubuf__stats_add(res, buf->size);
+    cubuf__resource_count(res, +1, buf->size, &(cubuf_charge_t){buf->size, 1});
     *out = buf;
     return CUBUF_SUCCESS;
 fail:

@@ -91,6 +91,26 @@ oom:
     return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate an IPC descriptor of %zu fds", nfds);
 }
 
+cubuf_status_t cubuf__ipc_desc_new_fabric(size_t nchunks, cubuf_ipc_descriptor_t **out)
+{
+    cubuf_ipc_descriptor_t *d = NULL;
+    cubuf_status_t st = cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_VMM, 0, &d);
+    if (st != CUBUF_SUCCESS) return st;
+    d->handle_type = CUBUF__IPC_HANDLE_FABRIC;
+    if (nchunks) {
+        d->chunk_sizes = cubuf__calloc(nchunks, sizeof *d->chunk_sizes);
+        d->fabric_handles = cubuf__calloc(nchunks, CUBUF__IPC_FABRIC_HANDLE_BYTES);
+        if (!d->chunk_sizes || !d->fabric_handles) {
+            cubuf_ipc_descriptor_destroy(d);
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
+                               "cannot allocate an IPC descriptor of %zu fabric handles", nchunks);
+        }
+        d->nchunks = nchunks;
+    }
+    *out = d;
+    return CUBUF_SUCCESS;
+}
+
 void cubuf_ipc_descriptor_destroy(cubuf_ipc_descriptor_t *desc)
 {
     if (!desc) return;
@@ -98,6 +118,7 @@ void cubuf_ipc_descriptor_destroy(cubuf_ipc_descriptor_t *desc)
         if (desc->fds[i] >= 0) close(desc->fds[i]);
     free(desc->fds);
     free(desc->chunk_sizes);
+    free(desc->fabric_handles);
     free(desc);
 }
 
@@ -146,12 +167,20 @@ static const char *mechanism_name(cubuf_ipc_mechanism_t m)
 
 static cubuf_status_t check_vmm_fields(const cubuf_ipc_descriptor_t *d)
 {
-    if (d->handle_type != CUBUF__IPC_HANDLE_POSIX_FD)
-        return bad("handle type %u is not 1 (POSIX file descriptor)", d->handle_type);
+    bool fabric = d->handle_type == CUBUF__IPC_HANDLE_FABRIC;
+    if (d->handle_type != CUBUF__IPC_HANDLE_POSIX_FD && !fabric)
+        return bad("handle type %u is neither 1 (POSIX file descriptor) nor 8 (fabric)",
+                   d->handle_type);
     if (d->nchunks == 0 || d->nchunks > CUBUF_IPC_MAX_CHUNKS)
         return bad("chunk count %zu is outside 1..%d", d->nchunks, CUBUF_IPC_MAX_CHUNKS);
-    if (d->nfds != d->nchunks)
+    if (fabric && d->nfds != 0)
+        return bad("%zu fds with fabric handles: a fabric-handle descriptor carries none", d->nfds);
+    if (!fabric && d->nfds != d->nchunks)
         return bad("%zu fds for %zu chunks: one fd per chunk is needed", d->nfds, d->nchunks);
+    for (size_t i = 0; fabric && i < d->nchunks; i++)
+        if (!d->fabric_handles ||
+            all_zero(d->fabric_handles + CUBUF__IPC_FABRIC_HANDLE_BYTES * i, CUBUF__IPC_FABRIC_HANDLE_BYTES))
+            return bad("the fabric handle of chunk %zu of %zu is all zero", i + 1, d->nchunks);
     uint64_t g = d->granularity;
     if (g < CUBUF_IPC_MIN_GRANULARITY || g > CUBUF_IPC_MAX_GRANULARITY || (g & (g - 1)))
         return bad("granularity %llu is not a power of two in %llu..%llu", (unsigned long long)g,
@@ -271,6 +300,12 @@ cubuf_status_t cubuf__ipc_desc_validate(const cubuf_ipc_descriptor_t *desc)
 {
     cubuf_status_t st = check_fields(desc);
     if (st == CUBUF_SUCCESS) st = check_fds(desc->mechanism, desc->fds, desc->nfds);
+    /* Export and import (ipc.c) handle fds only so far: a fabric-handle
+     * descriptor is refused there until they use cubuf__ipc_fabric_export
+     * and cubuf__ipc_fabric_import (then remove this). */
+    if (st == CUBUF_SUCCESS && desc->handle_type == CUBUF__IPC_HANDLE_FABRIC)
+        st = cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                         "IPC descriptor: fabric handles cannot be imported by this cubuf yet");
     return st;
 }
 
@@ -280,7 +315,9 @@ static size_t wire_length(const cubuf_ipc_descriptor_t *d)
 {
     switch (d->mechanism) {
     case CUBUF_IPC_MECHANISM_POOL: return CUBUF_IPC_POOL_BYTES;
-    case CUBUF_IPC_MECHANISM_VMM: return CUBUF_IPC_VMM_BYTES(d->nchunks);
+    case CUBUF_IPC_MECHANISM_VMM:
+        return d->handle_type == CUBUF__IPC_HANDLE_FABRIC ? CUBUF_IPC_VMM_FABRIC_BYTES(d->nchunks)
+                                                          : CUBUF_IPC_VMM_BYTES(d->nchunks);
     case CUBUF_IPC_MECHANISM_LEGACY: return CUBUF_IPC_LEGACY_BYTES;
     }
     return 0;
@@ -309,6 +346,9 @@ static void encode(const cubuf_ipc_descriptor_t *d, uint8_t *p, size_t len)
         put32(p + W_VMM_COUNT, (uint32_t)d->nchunks);
         put64(p + W_VMM_GRANULARITY, d->granularity);
         for (size_t i = 0; i < d->nchunks; i++) put64(p + W_VMM_CHUNKS + 8 * i, d->chunk_sizes[i]);
+        if (d->handle_type == CUBUF__IPC_HANDLE_FABRIC)
+            memcpy(p + W_VMM_CHUNKS + 8 * d->nchunks, d->fabric_handles,
+                   CUBUF__IPC_FABRIC_HANDLE_BYTES * d->nchunks);
         break;
     case CUBUF_IPC_MECHANISM_LEGACY:
         memcpy(p + W_LEGACY_HANDLE, d->ipc_handle, sizeof d->ipc_handle);
@@ -376,7 +416,9 @@ static cubuf_status_t decode_header(const uint8_t *p, size_t len, size_t nfds,
         *count = get32(p + W_VMM_COUNT);
         if (*count == 0 || *count > CUBUF_IPC_MAX_CHUNKS)
             return bad("chunk count %zu is outside 1..%d", *count, CUBUF_IPC_MAX_CHUNKS);
-        expected = CUBUF_IPC_VMM_BYTES(*count);
+        expected = get32(p + W_VMM_HANDLE_TYPE) == CUBUF__IPC_HANDLE_FABRIC
+                       ? CUBUF_IPC_VMM_FABRIC_BYTES(*count)
+                       : CUBUF_IPC_VMM_BYTES(*count);
         break;
     }
     if (len != expected)
@@ -401,6 +443,9 @@ static cubuf_status_t decode_body(const uint8_t *p, cubuf_ipc_descriptor_t *d)
         d->handle_type = get32(p + W_VMM_HANDLE_TYPE);
         d->granularity = get64(p + W_VMM_GRANULARITY);
         for (size_t i = 0; i < d->nchunks; i++) d->chunk_sizes[i] = get64(p + W_VMM_CHUNKS + 8 * i);
+        if (d->fabric_handles)
+            memcpy(d->fabric_handles, p + W_VMM_CHUNKS + 8 * d->nchunks,
+                   CUBUF__IPC_FABRIC_HANDLE_BYTES * d->nchunks);
         break;
     case CUBUF_IPC_MECHANISM_LEGACY:
         memcpy(d->ipc_handle, p + W_LEGACY_HANDLE, sizeof d->ipc_handle);
@@ -421,11 +466,16 @@ cubuf_status_t cubuf_ipc_descriptor_deserialize(const void *bytes, size_t len, c
     cubuf_status_t st = decode_header(p, len, nfds, &head, &count);
     if (st != CUBUF_SUCCESS) return st;
     if (nfds > CUBUF_IPC_MAX_FDS) return bad("%zu fds, at most %d", nfds, CUBUF_IPC_MAX_FDS);
-    if (head.mechanism == CUBUF_IPC_MECHANISM_VMM && nfds != count)
+    bool fabric = head.mechanism == CUBUF_IPC_MECHANISM_VMM &&
+                  get32(p + W_VMM_HANDLE_TYPE) == CUBUF__IPC_HANDLE_FABRIC;
+    if (fabric && nfds != 0)
+        return bad("%zu fds with fabric handles: a fabric-handle descriptor carries none", nfds);
+    if (head.mechanism == CUBUF_IPC_MECHANISM_VMM && !fabric && nfds != count)
         return bad("%zu fds for %zu chunks: one fd per chunk is needed", nfds, count);
     /* Room for the chunk table; the fds are copied in only once all is valid. */
     cubuf_ipc_descriptor_t *d = NULL;
-    if ((st = cubuf__ipc_desc_new(head.mechanism, nfds, &d)) != CUBUF_SUCCESS) return st;
+    st = fabric ? cubuf__ipc_desc_new_fabric(count, &d) : cubuf__ipc_desc_new(head.mechanism, nfds, &d);
+    if (st != CUBUF_SUCCESS) return st;
     d->flags = head.flags;
     d->size = head.size;
     d->offset = head.offset;

@@ -1,11 +1,14 @@
-/* The resource interface: references, properties, statistics, allocation,
- * and user-defined resources. */
+/* The resource interface: references, properties, statistics, the one
+ * allocation path (buffers and raw pointers alike), and user-defined
+ * resources. */
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "abi.h"
 #include "internal.h"
+#include "ptrmap.h"
 #include "resource_pool.h"
 
 /* References and statistics change with every allocation and free, from
@@ -34,25 +37,36 @@ void cubuf__resource_lock_wait(cubuf_resource_t *res)
     } while (atomic_exchange_explicit(&res->lock, true, memory_order_acquire));
 }
 
-cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
-                                   cubuf_context_t *ctx, cubuf_resource_t **out)
+/* The resource and its state in one block; the state keeps max_align_t's alignment. */
+typedef struct resource_block {
+    cubuf_resource_t res;
+    max_align_t impl[];
+} resource_block_t;
+
+cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx,
+                                   size_t impl_size, cubuf_resource_t **out)
 {
-    cubuf_resource_t *res = cubuf__calloc(1, sizeof *res);
-    if (!res) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
+    resource_block_t *block = cubuf__calloc(1, sizeof *block + impl_size);
+    if (!block) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
+    cubuf_resource_t *res = &block->res;
+    if (impl_size) res->impl = block->impl;
     atomic_init(&res->lock, false);
     res->refs = 1;
     res->vt = vt;
-    res->kind = kind;
     res->ctx = ctx;
+    res->cap = SIZE_MAX;
     res->props = (cubuf_resource_props_t)CUBUF_RESOURCE_PROPS_INIT;
     if (ctx) res->props.device_id = ctx->ordinal;
     *out = res;
     return CUBUF_SUCCESS;
 }
 
+static void raw_map_free(struct cubuf_raw_map *m);
+
 void cubuf__resource_destroy(cubuf_resource_t *res)
 {
     if (res->vt->destroy) res->vt->destroy(res);
+    raw_map_free(res->raw);
     cubuf__context_release(res->ctx);
     free(res);
 }
@@ -66,21 +80,17 @@ cubuf_resource_t *cubuf_resource_retain(cubuf_resource_t *res)
     return res;
 }
 
-void cubuf_resource_release(cubuf_resource_t *res) { cubuf__resource_drop(res, 0); }
+void cubuf_resource_release(cubuf_resource_t *res) { cubuf__resource_unref(res); }
 
-void cubuf__stats_add(cubuf_resource_t *res, size_t bytes)
+void cubuf__resource_count(cubuf_resource_t *res, int sign, size_t requested,
+                           const cubuf_charge_t *charge)
 {
     cubuf__resource_lock(res);
-    cubuf__stats_add_locked(res, bytes);
+    cubuf__count_locked(res, sign, requested, charge);
     cubuf__resource_unlock(res);
 }
 
-void cubuf__stats_sub(cubuf_resource_t *res, size_t bytes)
-{
-    cubuf__resource_lock(res);
-    cubuf__stats_sub_locked(res, bytes);
-    cubuf__resource_unlock(res);
-}
+static size_t clamp0(int64_t v) { return v > 0 ? (size_t)v : 0; }
 
 cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf_resource_props_t *props)
 {
@@ -107,56 +117,160 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
         return st;
     cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
     cubuf__resource_lock(r);
-    s.current_bytes = r->cur_bytes;
-    s.peak_bytes = r->peak_bytes;
-    s.current_count = r->cur_count;
-    s.peak_count = r->peak_count;
-    s.total_allocations = r->total;
+    cubuf_tally_t t = r->tally;
     cubuf__resource_unlock(r);
+    s.current_bytes = clamp0(t.bytes);
+    s.peak_bytes = clamp0(t.peak_bytes);
+    s.current_count = clamp0(t.count);
+    s.peak_count = clamp0(t.peak_count);
+    s.total_allocations = t.total_count;
     cubuf__struct_out(stats, &s, sizeof s);
     return CUBUF_SUCCESS;
 }
 
-/* A default stream is the default stream of the resource's context (of the
- * caller's current context for a user resource, which has none): the
- * allocation, the work the caller orders on "stream 0" (copies and fills
- * run in the resource's context too) and the free share one stream, whatever
- * the caller has current. When that context is current, the allocation
- * takes the hot path; otherwise the resource pushes it (in_ctx false). */
+/* ---- the one allocation path ------------------------------------------------- */
+
+/* The stream an allocation is ordered on, as recorded for its free. A
+ * default stream is the default stream of the resource's context (of the
+ * caller's current context for a resource of none): the allocation, the
+ * work the caller orders on "stream 0" (copies and fills run in the
+ * resource's context too) and the free share one stream, whatever the
+ * caller has current (cubuf.h, "Default streams"). *in_ctx: that context
+ * is current, so the resource need not push it. */
+static cubuf_status_t bind_stream(const cubuf_resource_t *res, CUstream stream, CUcontext current,
+                                  cubuf_stream_token_t *t, bool *in_ctx)
+{
+    t->stream = stream;
+    t->ctx = NULL;
+    *in_ctx = true;
+    if (!res->props.device_accessible || !cubuf__stream_is_default(stream)) return CUBUF_SUCCESS;
+    cubuf_status_t st;
+    if (!current) {
+        if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
+        if ((st = CU(cuCtxGetCurrent, &current)) != CUBUF_SUCCESS) return st;
+    }
+    t->ctx = res->ctx ? res->ctx->handle : current;
+    if (!t->ctx)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "cubuf_resource_allocate: a default stream needs a context: the "
+                           "resource belongs to no device and no CUDA context is current");
+    *in_ctx = t->ctx == current;
+    return CUBUF_SUCCESS;
+}
+
+/* A capped resource (a limiting adaptor) counts a request when it admits
+ * it, so concurrent requests cannot pass the cap together. Kept out of the
+ * hot path of the others. */
+static __attribute__((noinline)) cubuf_status_t admit(cubuf_resource_t *res, size_t size)
+{
+    const cubuf_charge_t ch = {size, 1};
+    cubuf__resource_lock(res);
+    size_t used = clamp0(res->tally.bytes);
+    bool fits = used <= res->cap && size <= res->cap - used;
+    if (fits) cubuf__count_locked(res, +1, size, &ch);
+    cubuf__resource_unlock(res);
+    if (fits) return CUBUF_SUCCESS;
+    return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
+                       "limiting adaptor: an allocation of %zu bytes would pass the cap of %zu "
+                       "bytes (%zu bytes allocated through it now)",
+                       size, res->cap, used);
+}
+
+/* Takes back what admit counted, totals included (the lock is held). */
+static void unadmit_locked(cubuf_resource_t *res, size_t size)
+{
+    cubuf_tally_t *t[2] = {&res->tally, res->scope ? &res->scope->tally : NULL};
+    for (int i = 0; i < 2 && t[i]; i++) {
+        t[i]->bytes -= (int64_t)size;
+        t[i]->count--;
+        t[i]->req_bytes -= (int64_t)size;
+        t[i]->total_count--;
+        t[i]->total_bytes -= size;
+        t[i]->total_req_bytes -= size;
+    }
+}
+
+/* The resource step of every allocation and its counting. rec->size > 0
+ * and rec->dealloc are set. `hold`: rec is a buffer, which holds the
+ * resource (a reference, taken in the same critical section). */
+static cubuf_status_t allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream,
+                                       bool in_ctx, bool hold, cubuf_charge_t *charge)
+{
+    const size_t asked = rec->size;
+    const bool capped = res->cap != SIZE_MAX;
+    cubuf_status_t st;
+    if (__builtin_expect(capped, 0) && (st = admit(res, asked)) != CUBUF_SUCCESS) return st;
+    *charge = (cubuf_charge_t){asked, 1};
+    st = res->vt->allocate(res, rec, stream, in_ctx, charge);
+    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
+        if (capped) {
+            cubuf__resource_lock(res);
+            unadmit_locked(res, asked);
+            cubuf__resource_unlock(res);
+        }
+        return st;
+    }
+    if (capped && !hold && rec->size == asked && charge->bytes == asked && charge->count == 1)
+        return CUBUF_SUCCESS; /* counted at admission */
+    cubuf__resource_lock(res);
+    if (capped) unadmit_locked(res, asked);
+    cubuf__count_locked(res, +1, rec->size, charge);
+    res->refs += hold;
+    cubuf__resource_unlock(res);
+    return CUBUF_SUCCESS;
+}
+
+/* The resource step of every free and its counting; nothing changes on failure. */
+static cubuf_status_t free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec,
+                                   const cubuf_stream_token_t *token, bool unhold,
+                                   cubuf_charge_t *charge)
+{
+    const size_t size = rec->size;
+    *charge = (cubuf_charge_t){size, 1};
+    cubuf_status_t st = res->vt->deallocate(res, rec, token, charge);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf__resource_lock(res);
+    cubuf__count_locked(res, -1, size, charge);
+    bool last = unhold && --res->refs == 0;
+    cubuf__resource_unlock(res);
+    if (last) cubuf__resource_destroy(res);
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t allocate_buffer(cubuf_resource_t *res, size_t size, CUstream stream,
+                                      CUcontext current, cubuf_buffer_t **out, cubuf_charge_t *charge)
+{
+    bool in_ctx;
+    cubuf_stream_token_t t;
+    cubuf_status_t st = bind_stream(res, stream, current, &t, &in_ctx);
+    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) return st;
+    cubuf_buffer_t *buf = NULL;
+    if (__builtin_expect((st = cubuf__buffer_new(&buf)) != CUBUF_SUCCESS, 0)) return st;
+    buf->size = size;
+    cubuf__buffer_take_props(buf, res);
+    buf->dealloc = t;
+    buf->resource = res;
+    *charge = (cubuf_charge_t){0, 0};
+    if (size) {
+        st = allocate_counted(res, buf, stream, in_ctx, true, charge);
+    } else {
+        cubuf__resource_lock(res);
+        res->refs++;
+        cubuf__resource_unlock(res);
+    }
+    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
+        cubuf__buffer_discard(buf);
+        return st;
+    }
+    *out = buf;
+    return CUBUF_SUCCESS;
+}
+
 cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
                                         CUcontext current, cubuf_buffer_t **out)
 {
-    cubuf_status_t st;
-    CUcontext bound = NULL;
-    const bool dflt = res->props.device_accessible && cubuf__stream_is_default(stream);
-    if (dflt) {
-        if (!current) {
-            if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
-            if ((st = CU(cuCtxGetCurrent, &current)) != CUBUF_SUCCESS) return st;
-        }
-        bound = res->ctx ? res->ctx->handle : current;
-        if (!bound)
-            return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                               "cubuf_resource_allocate: a default stream needs a context: the "
-                               "resource belongs to no device and no CUDA context is current");
-    }
-    const bool in_ctx = !dflt || bound == current;
-    /* The hot path, where the resource has one. */
-    if (res->vt->allocate_buffer && size && in_ctx)
-        return res->vt->allocate_buffer(res, size, stream, bound, out);
-    cubuf_buffer_t *buf = NULL;
-    if ((st = cubuf__buffer_new(&buf)) != CUBUF_SUCCESS) return st;
-    buf->size = size;
-    cubuf__buffer_take_props(buf, res);
-    buf->dealloc = (cubuf_stream_token_t){stream, bound};
-    if (size) CHECK(res->vt->allocate(res, buf, stream, in_ctx));
-    cubuf__resource_hold(res, size && !res->vt->manages_stats ? size : 0);
-    buf->resource = res;
-    *out = buf;
-    return CUBUF_SUCCESS;
-fail:
-    cubuf__buffer_discard(buf);
-    return st;
+    cubuf_charge_t ch;
+    return allocate_buffer(res, size, stream, current, out, &ch);
 }
 
 cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
@@ -166,14 +280,198 @@ cubuf_status_t cubuf_resource_allocate(cubuf_resource_t *res, size_t size, CUstr
     return cubuf__resource_allocate(res, size, stream, NULL, out);
 }
 
+cubuf_status_t cubuf__resource_free_buffer(cubuf_resource_t *res, cubuf_buffer_t *buf)
+{
+    cubuf_charge_t ch;
+    if (buf->ptr) return free_counted(res, buf, &buf->dealloc, true, &ch);
+    cubuf__resource_unref(res);
+    return CUBUF_SUCCESS;
+}
+
+void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf)
+{
+    const cubuf_charge_t ch = {buf->size, buf->size ? 1 : 0};
+    cubuf__resource_lock(res);
+    if (buf->size) cubuf__count_locked(res, +1, buf->size, &ch);
+    res->refs++;
+    cubuf__resource_unlock(res);
+}
+
+/* ---- raw pointers ------------------------------------------------------------------ */
+
+/* The raw allocations of a raw_keeps_buffer resource: pointer -> the buffer
+ * that owns it (entry a) and the size the caller asked for, under a mutex
+ * of their own (these allocations are synchronous virtual-memory work, far
+ * slower than the lookup). */
+struct cubuf_raw_map {
+    pthread_mutex_t lock;
+    cubuf_ptrmap_t map;
+};
+
+static void raw_map_free(struct cubuf_raw_map *m)
+{
+    if (!m) return; /* empty: each kept buffer holds the resource */
+    pthread_mutex_destroy(&m->lock);
+    cubuf__ptrmap_free(&m->map);
+    free(m);
+}
+
+/* The map, made on first use (under the resource lock, so one is made). */
+static struct cubuf_raw_map *raw_map(cubuf_resource_t *res)
+{
+    cubuf__resource_lock(res);
+    struct cubuf_raw_map *m = res->raw;
+    cubuf__resource_unlock(res);
+    if (m) return m;
+    m = cubuf__calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_init(&m->lock, NULL);
+    cubuf__resource_lock(res);
+    struct cubuf_raw_map *won = res->raw ? res->raw : (res->raw = m);
+    cubuf__resource_unlock(res);
+    if (won != m) raw_map_free(m);
+    return won;
+}
+
+/* A raw allocation of a raw_keeps_buffer resource: a buffer, kept in the map. */
+static cubuf_status_t raw_keep_allocate(cubuf_resource_t *res, size_t size,
+                                        const cubuf_stream_token_t *on, bool in_ctx,
+                                        CUdeviceptr *ptr, cubuf_charge_t *charge)
+{
+    struct cubuf_raw_map *m = raw_map(res);
+    if (!m) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate the raw allocation map");
+    cubuf_buffer_t *buf = NULL;
+    CUcontext current = in_ctx ? on->ctx : NULL;
+    cubuf_status_t st = allocate_buffer(res, size, on->stream, current, &buf, charge);
+    if (st != CUBUF_SUCCESS) return st;
+    const cubuf_ptr_entry_t e = {buf->ptr, size, buf, NULL, 0};
+    pthread_mutex_lock(&m->lock);
+    st = cubuf__ptrmap_insert(&m->map, &e);
+    pthread_mutex_unlock(&m->lock);
+    if (st != CUBUF_SUCCESS) {
+        cubuf_buffer_release(buf); /* frees it: nobody saw the pointer */
+        return st;
+    }
+    *ptr = buf->ptr;
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
+                                          const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    cubuf__resource_lock(res);
+    struct cubuf_raw_map *m = res->raw;
+    cubuf__resource_unlock(res);
+    cubuf_ptr_entry_t e = {0, 0, NULL, NULL, 0};
+    bool found = false;
+    if (m) {
+        pthread_mutex_lock(&m->lock);
+        found = cubuf__ptrmap_remove(&m->map, ptr, &e);
+        if (found && e.size != size) {
+            (void)cubuf__ptrmap_insert(&m->map, &e); /* room: it was just removed */
+            found = false;
+        }
+        pthread_mutex_unlock(&m->lock);
+    }
+    if (!found)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "cubuf_resource_deallocate_raw: 0x%llx (%zu bytes) is not a raw "
+                           "allocation of this %s resource%s",
+                           (unsigned long long)ptr, size, res->vt->name,
+                           e.a ? " of that size" : "");
+    cubuf_buffer_t *buf = e.a;
+    cubuf_stream_token_t saved = buf->dealloc;
+    cubuf__buffer_set_token(buf, token);
+    cubuf_status_t st = free_counted(res, buf, &buf->dealloc, true, charge);
+    if (st != CUBUF_SUCCESS) {
+        cubuf__buffer_set_token(buf, &saved);
+        pthread_mutex_lock(&m->lock);
+        cubuf_status_t ist = cubuf__ptrmap_insert(&m->map, &e);
+        pthread_mutex_unlock(&m->lock);
+        if (ist != CUBUF_SUCCESS)
+            cubuf__warn(ist, "a raw allocation whose free failed could not be kept; it is lost");
+        return st;
+    }
+    buf->resource = NULL;
+    buf->closed = true;
+    buf->ptr = 0;
+    buf->size = 0;
+    buf->impl = NULL;
+    cubuf_buffer_release(buf);
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
+                                   bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
+        return raw_keep_allocate(res, size, on, in_ctx, ptr, charge);
+    cubuf_buffer_t rec;
+    cubuf__buffer_init(&rec);
+    rec.size = size;
+    rec.dealloc = *on;
+    rec.resource = res;
+    cubuf_status_t st = allocate_counted(res, &rec, on->stream, in_ctx, false, charge);
+    if (__builtin_expect(st == CUBUF_SUCCESS, 1)) *ptr = rec.ptr;
+    return st;
+}
+
+cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
+                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
+        return raw_keep_deallocate(res, ptr, size, token, charge);
+    cubuf_buffer_t rec;
+    cubuf__buffer_init(&rec);
+    rec.ptr = ptr;
+    rec.size = size;
+    rec.dealloc = *token;
+    rec.resource = res;
+    return free_counted(res, &rec, token, false, charge);
+}
+
+cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size, CUstream stream,
+                                           CUdeviceptr *ptr)
+{
+    CHECK_ARG(res && ptr, "cubuf_resource_allocate_raw: NULL argument");
+    CHECK_ARG(size > 0, "cubuf_resource_allocate_raw: size 0");
+    cubuf_stream_token_t t;
+    bool in_ctx;
+    cubuf_charge_t ch;
+    cubuf_status_t st = bind_stream(res, stream, NULL, &t, &in_ctx);
+    if (st == CUBUF_SUCCESS) st = cubuf__raw_allocate(res, size, &t, in_ctx, ptr, &ch);
+    return st;
+}
+
+cubuf_status_t cubuf_resource_deallocate_raw(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
+                                             CUstream stream)
+{
+    CHECK_ARG(res, "cubuf_resource_deallocate_raw: res is NULL");
+    CHECK_ARG(ptr && size, "cubuf_resource_deallocate_raw: pointer 0x%llx with size %zu",
+              (unsigned long long)ptr, size);
+    cubuf_stream_token_t t;
+    bool in_ctx;
+    cubuf_charge_t ch;
+    cubuf_status_t st = bind_stream(res, stream, NULL, &t, &in_ctx);
+    if (st == CUBUF_SUCCESS) st = cubuf__raw_deallocate(res, ptr, size, &t, &ch);
+    return st;
+}
+
 /* ---- user-defined resources ---- */
 
+typedef struct user_impl {
+    cubuf_resource_ops_t ops;
+    void *state;
+} user_impl_t;
+
 static cubuf_status_t user_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                    bool in_ctx)
+                                    bool in_ctx, cubuf_charge_t *charge)
 {
     (void)in_ctx; /* user allocations run in the caller's context, as called */
+    (void)charge;
+    const user_impl_t *u = res->impl;
     CUdeviceptr p = 0;
-    cubuf_status_t st = res->user_ops.allocate(res->user_state, buf->size, stream, &p);
+    cubuf_status_t st = u->ops.allocate(u->state, buf->size, stream, &p);
     if (st != CUBUF_SUCCESS)
         return cubuf__fail(st, "user resource: allocate of %zu bytes returned %s", buf->size,
                            cubuf_status_name(st));
@@ -183,23 +481,27 @@ static cubuf_status_t user_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, 
 }
 
 static cubuf_status_t user_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                      const cubuf_stream_token_t *token)
+                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)charge;
+    const user_impl_t *u = res->impl;
     /* A default stream means something only in the context it was bound in. */
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
     if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
-    st = res->user_ops.deallocate(res->user_state, buf->ptr, buf->size, token->stream);
+    st = u->ops.deallocate(u->state, buf->ptr, buf->size, token->stream);
     cubuf__ctx_pop(&g);
     return st;
 }
 
 static void user_destroy(cubuf_resource_t *res)
 {
-    if (res->user_ops.destroy) res->user_ops.destroy(res->user_state);
+    user_impl_t *u = res->impl;
+    if (u->ops.destroy) u->ops.destroy(u->state);
 }
 
 static const cubuf_resource_vtbl_t user_vtbl = {
+    .name = "user",
     .allocate = user_allocate,
     .deallocate = user_deallocate,
     .destroy = user_destroy,
@@ -222,20 +524,24 @@ cubuf_status_t cubuf_resource_create(const cubuf_resource_ops_t *ops,
         cubuf_status_t pst = cubuf__struct_in("cubuf_resource_create", "cubuf_resource_props_t",
                                               &p, sizeof p, props, CUBUF_RESOURCE_PROPS_SIZE_V1);
         if (pst != CUBUF_SUCCESS) return pst;
+    } else {
+        p.device_accessible = true;
+        p.device_id = -1;
     }
     /* The bytes of each ops version: a caller's struct is read no further. */
     static const size_t ops_size[CUBUF_RESOURCE_OPS_VERSION + 1] = {0, CUBUF_RESOURCE_OPS_SIZE_V1};
     cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf__resource_new(&user_vtbl, CUBUF_RES_USER, NULL, &res);
+    cubuf_status_t st = cubuf__resource_new(&user_vtbl, NULL, sizeof(user_impl_t), &res);
     if (st != CUBUF_SUCCESS) return st;
-    memcpy(&res->user_ops, ops, ops_size[ops->version]);
-    res->user_state = state;
-    if (props) {
-        res->props = p;
-    } else {
-        res->props.device_accessible = true;
-        res->props.device_id = -1;
-    }
+    user_impl_t *u = res->impl;
+    memcpy(&u->ops, ops, ops_size[ops->version]);
+    u->state = state;
+    res->props = p;
     *out = res;
     return CUBUF_SUCCESS;
+}
+
+void *cubuf_resource_user_state(const cubuf_resource_t *res)
+{
+    return res && res->vt == &user_vtbl ? ((const user_impl_t *)res->impl)->state : NULL;
 }

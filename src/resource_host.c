@@ -4,43 +4,50 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "ipc.h"
 
 /* ---- shared --------------------------------------------------------------- */
 
-static const char *kind_name(cubuf_resource_kind_t kind)
-{
-    switch (kind) {
-    case CUBUF_RES_MANAGED: return "managed";
-    case CUBUF_RES_LEGACY_PINNED: return "legacy pinned";
-    default: return "synchronous device";
-    }
-}
-
 /* The free of all three: synchronize the recorded stream (refused while it
- * captures, see cubuf__stream_sync_for_free), then free inside the
+ * captures, see cubuf__stream_sync_for_free), then `free_fn` inside the
  * resource's context (the last release may come from a thread with no
  * current context). */
 static cubuf_status_t sync_free(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                const cubuf_stream_token_t *token)
+                                const cubuf_stream_token_t *token,
+                                cubuf_status_t (*free_fn)(CUdeviceptr))
 {
-    cubuf_status_t st = cubuf__stream_sync_for_free(token, kind_name(res->kind));
+    cubuf_status_t st = cubuf__stream_sync_for_free(token, res->vt->name);
     if (st != CUBUF_SUCCESS) return st;
     cubuf_ctx_guard_t g;
     if ((st = cubuf__ctx_push(res->ctx->handle, &g)) != CUBUF_SUCCESS) return st;
-    if (res->kind == CUBUF_RES_LEGACY_PINNED) st = CU(cuMemFreeHost, (void *)(uintptr_t)buf->ptr);
-    else st = CU(cuMemFree, buf->ptr);
-    if (st != CUBUF_SUCCESS)
+    if ((st = free_fn(buf->ptr)) != CUBUF_SUCCESS)
         cubuf__detail_append("pointer 0x%llx, size %zu", (unsigned long long)buf->ptr, buf->size);
     cubuf__ctx_pop(&g);
     return st;
 }
 
-static cubuf_status_t new_resource(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
-                                   cubuf_context_t *ctx, const cubuf_resource_props_t *props,
+static cubuf_status_t free_device(CUdeviceptr p) { return CU(cuMemFree, p); }
+static cubuf_status_t free_host(CUdeviceptr p) { return CU(cuMemFreeHost, (void *)(uintptr_t)p); }
+
+static cubuf_status_t device_free(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                  const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    (void)charge;
+    return sync_free(res, buf, token, free_device);
+}
+
+static cubuf_status_t host_free(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    (void)charge;
+    return sync_free(res, buf, token, free_host);
+}
+
+static cubuf_status_t new_resource(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx, const cubuf_resource_props_t *props,
                                    cubuf_resource_t **out)
 {
     cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf__resource_new(vt, kind, ctx, &res);
+    cubuf_status_t st = cubuf__resource_new(vt, ctx, 0, &res);
     if (st != CUBUF_SUCCESS) return st;
     res->props = *props;
     *out = res;
@@ -62,9 +69,10 @@ static CUmemLocation location_of(int preferred)
 }
 
 static cubuf_status_t managed_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                       bool in_ctx)
+                                       bool in_ctx, cubuf_charge_t *charge)
 {
     (void)in_ctx; /* the push below checks */
+    (void)charge;
     int preferred = preferred_of(res);
     CUmemLocation loc = location_of(preferred);
     /* A default stream runs in the context its token bound it to; otherwise
@@ -109,8 +117,9 @@ fail:
 }
 
 static const cubuf_resource_vtbl_t managed_vtbl = {
+    .name = "managed",
     .allocate = managed_allocate,
-    .deallocate = sync_free,
+    .deallocate = device_free,
 };
 
 cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location,
@@ -158,7 +167,7 @@ cubuf_status_t cubuf_managed_resource_create(int ordinal, int preferred_location
     props.device_accessible = true;
     props.host_accessible = true;
     props.managed = true;
-    CHECK(new_resource(&managed_vtbl, CUBUF_RES_MANAGED, ctx, &props, out));
+    CHECK(new_resource(&managed_vtbl, ctx, &props, out));
     (*out)->impl = (void *)(intptr_t)preferred_location;
     return CUBUF_SUCCESS;
 fail:
@@ -168,58 +177,78 @@ fail:
 
 /* ---- legacy pinned host memory and synchronous device memory ---------------------- */
 
-static cubuf_status_t sync_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                    bool in_ctx)
+/* Both allocate in the resource's context, not the stream's, and order
+ * nothing: they are synchronous. */
+static cubuf_status_t host_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                    bool in_ctx, cubuf_charge_t *charge)
 {
-    (void)stream; /* synchronous: nothing to order */
-    (void)in_ctx; /* these allocate in the resource's context, not the stream's */
+    (void)stream;
+    (void)in_ctx;
+    (void)charge;
     cubuf_ctx_guard_t g;
     cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
     if (st != CUBUF_SUCCESS) return st;
-    if (res->kind == CUBUF_RES_LEGACY_PINNED) {
-        /* With unified addressing the host pointer is also the device address. */
-        void *h = NULL;
-        st = CU(cuMemHostAlloc, &h, buf->size, CU_MEMHOSTALLOC_PORTABLE);
+    /* With unified addressing the host pointer is also the device address. */
+    void *h = NULL;
+    if ((st = CU(cuMemHostAlloc, &h, buf->size, CU_MEMHOSTALLOC_PORTABLE)) == CUBUF_SUCCESS)
         buf->ptr = (CUdeviceptr)(uintptr_t)h;
-    } else {
-        CUdeviceptr p = 0;
-        st = CU(cuMemAlloc, &p, buf->size);
-        buf->ptr = p;
-    }
-    if (st != CUBUF_SUCCESS) {
-        buf->ptr = 0;
+    else
         cubuf__detail_append("size %zu", buf->size);
-    }
     cubuf__ctx_pop(&g);
     return st;
 }
 
-static const cubuf_resource_vtbl_t sync_vtbl = {.allocate = sync_allocate, .deallocate = sync_free};
+static cubuf_status_t device_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                      bool in_ctx, cubuf_charge_t *charge)
+{
+    (void)stream;
+    (void)in_ctx;
+    (void)charge;
+    cubuf_ctx_guard_t g;
+    cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
+    if (st != CUBUF_SUCCESS) return st;
+    CUdeviceptr p = 0;
+    if ((st = CU(cuMemAlloc, &p, buf->size)) == CUBUF_SUCCESS) buf->ptr = p;
+    else cubuf__detail_append("size %zu", buf->size);
+    cubuf__ctx_pop(&g);
+    return st;
+}
+
+static const cubuf_resource_vtbl_t legacy_pinned_vtbl = {
+    .name = "legacy pinned",
+    .allocate = host_allocate,
+    .deallocate = host_free,
+};
+static const cubuf_resource_vtbl_t sync_device_vtbl = {
+    .name = "synchronous device",
+    .allocate = device_allocate,
+    .deallocate = device_free,
+    .export_ipc = cubuf__ipc_export_legacy,
+};
 
 /* Legacy pinned memory is host memory of no device; the other is device memory. */
-static cubuf_status_t sync_create(int ordinal, cubuf_resource_kind_t kind, cubuf_resource_t **out)
+static cubuf_status_t sync_create(int ordinal, const cubuf_resource_vtbl_t *vt, cubuf_resource_t **out)
 {
     cubuf_context_t *ctx = NULL;
     cubuf_status_t st = cubuf__context_for_device(ordinal, &ctx);
     if (st != CUBUF_SUCCESS) return st;
-    bool host = kind == CUBUF_RES_LEGACY_PINNED;
+    bool host = vt == &legacy_pinned_vtbl;
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = host ? -1 : ordinal;
     props.device_accessible = true;
     props.host_accessible = host;
-    if ((st = new_resource(&sync_vtbl, kind, ctx, &props, out)) != CUBUF_SUCCESS)
-        cubuf__context_release(ctx);
+    if ((st = new_resource(vt, ctx, &props, out)) != CUBUF_SUCCESS) cubuf__context_release(ctx);
     return st;
 }
 
 cubuf_status_t cubuf_legacy_pinned_resource_create(int ordinal, cubuf_resource_t **out)
 {
     CHECK_ARG(out, "cubuf_legacy_pinned_resource_create: out is NULL");
-    return sync_create(ordinal, CUBUF_RES_LEGACY_PINNED, out);
+    return sync_create(ordinal, &legacy_pinned_vtbl, out);
 }
 
 cubuf_status_t cubuf_sync_device_resource_create(int ordinal, cubuf_resource_t **out)
 {
     CHECK_ARG(out, "cubuf_sync_device_resource_create: out is NULL");
-    return sync_create(ordinal, CUBUF_RES_SYNC_DEVICE, out);
+    return sync_create(ordinal, &sync_device_vtbl, out);
 }

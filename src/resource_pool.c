@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "abi.h"
+#include "ipc.h"
 #include "resource_pool.h"
 
 /* res->impl holds the CUmemoryPool itself: the hot path reads it with no
@@ -14,9 +15,15 @@ static CUmemoryPool pool_of(const cubuf_resource_t *res) { return (CUmemoryPool)
 
 CUmemoryPool cubuf__pool_handle(const cubuf_resource_t *res)
 {
-    if (!res || (res->kind != CUBUF_RES_DEVICE_POOL && res->kind != CUBUF_RES_PINNED_POOL))
-        return NULL;
-    return pool_of(res);
+    return res && res->vt->pool ? res->vt->pool(res) : NULL;
+}
+
+static const cubuf_resource_vtbl_t default_pool_vtbl, owned_pool_vtbl;
+
+/* A device pool (the device's default pool or a private one), as opposed to the pinned pool. */
+static bool is_device_pool(const cubuf_resource_t *res)
+{
+    return res->vt == &default_pool_vtbl || res->vt == &owned_pool_vtbl;
 }
 
 /* ---- allocate / deallocate ------------------------------------------------ */
@@ -84,45 +91,19 @@ static inline cubuf_status_t pool_alloc_on(cubuf_resource_t *res, size_t size, C
     return CUBUF_SUCCESS;
 }
 
-/* The vtbl's allocate: the general path, for a default stream whose context
- * had to be looked up (pushed here when it was not current). */
+/* The one allocation path's pool step (resource.c binds the stream). */
 static cubuf_status_t pool_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                    bool in_ctx)
+                                    bool in_ctx, cubuf_charge_t *charge)
 {
+    (void)charge; /* the pool gives what was asked */
     cubuf_ctx_guard_t g;
     cubuf_status_t st = push_for_stream(buf, in_ctx, &g);
-    if (st != CUBUF_SUCCESS) return st;
-    CUdeviceptr p = 0;
-    if ((st = pool_alloc_on(res, buf->size, stream, &p)) == CUBUF_SUCCESS) buf->ptr = p;
-    cubuf__ctx_pop(&g);
-    return st;
-}
-
-/* The whole allocation in one straight line, for a user stream and for a
- * default stream whose context (`bound`) the caller made current: it costs
- * measurably less than the general path (bench_alloc's "lib_alloc" row is
- * within noise of cubuf's pieces in a straight line; through the general
- * path it was 2 % above). The same driver calls in the same order. */
-static cubuf_status_t pool_allocate_buffer(cubuf_resource_t *res, size_t size, CUstream stream,
-                                           CUcontext bound, cubuf_buffer_t **out)
-{
-    cubuf_buffer_t *buf = NULL;
-    cubuf_status_t st = cubuf__buffer_new(&buf);
     if (__builtin_expect(st != CUBUF_SUCCESS, 0)) return st;
     CUdeviceptr p = 0;
-    if (__builtin_expect((st = pool_alloc_on(res, size, stream, &p)) != CUBUF_SUCCESS, 0)) {
-        cubuf__buffer_discard(buf);
-        return st;
-    }
-    buf->ptr = p;
-    buf->size = size;
-    cubuf__buffer_take_props(buf, res);
-    buf->dealloc.stream = stream;
-    buf->dealloc.ctx = bound;
-    buf->resource = res;
-    cubuf__resource_hold(res, size);
-    *out = buf;
-    return CUBUF_SUCCESS;
+    if (__builtin_expect((st = pool_alloc_on(res, buf->size, stream, &p)) == CUBUF_SUCCESS, 1))
+        buf->ptr = p;
+    cubuf__ctx_pop(&g);
+    return st;
 }
 
 /* A failed free leaves the buffer open. The common reason is a capturing
@@ -143,8 +124,10 @@ static cubuf_status_t free_failed(CUresult r, const cubuf_buffer_t *buf, CUstrea
 }
 
 static cubuf_status_t pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                      const cubuf_stream_token_t *token)
+                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)res;
+    (void)charge;
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
     if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
@@ -168,22 +151,35 @@ static void owned_pool_destroy(cubuf_resource_t *res)
 }
 
 static const cubuf_resource_vtbl_t default_pool_vtbl = {
+    .name = "device pool",
     .allocate = pool_allocate,
     .deallocate = pool_deallocate,
-    .allocate_buffer = pool_allocate_buffer,
+    .export_ipc = cubuf__ipc_export_pool,
+    .pool = pool_of,
 };
 static const cubuf_resource_vtbl_t owned_pool_vtbl = {
+    .name = "device pool",
     .allocate = pool_allocate,
     .deallocate = pool_deallocate,
     .destroy = owned_pool_destroy,
-    .allocate_buffer = pool_allocate_buffer,
+    .export_ipc = cubuf__ipc_export_pool,
+    .pool = pool_of,
+};
+static const cubuf_resource_vtbl_t pinned_pool_vtbl = {
+    .name = "pinned pool",
+    .allocate = pool_allocate,
+    .deallocate = pool_deallocate,
+    .destroy = owned_pool_destroy,
+    .export_ipc = cubuf__ipc_export_pool,
+    .pool = pool_of,
 };
 
 /* ---- graph resource --------------------------------------------------------- */
 
 static cubuf_status_t graph_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                     bool in_ctx)
+                                     bool in_ctx, cubuf_charge_t *charge)
 {
+    (void)charge;
     cubuf_ctx_guard_t g;
     cubuf_status_t st = push_for_stream(buf, in_ctx, &g);
     if (st != CUBUF_SUCCESS) return st;
@@ -221,8 +217,10 @@ static cubuf_status_t graph_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
 /* On a capturing stream cuMemFreeAsync adds a free node; on any other it
  * frees the graph allocation in stream order. */
 static cubuf_status_t graph_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                       const cubuf_stream_token_t *token)
+                                       const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    (void)res;
+    (void)charge;
     cubuf_ctx_guard_t g = {false};
     cubuf_status_t st;
     if ((st = cubuf__ctx_push(token->ctx, &g)) != CUBUF_SUCCESS) return st;
@@ -234,6 +232,8 @@ static cubuf_status_t graph_deallocate(cubuf_resource_t *res, cubuf_buffer_t *bu
 }
 
 static const cubuf_resource_vtbl_t graph_vtbl = {
+    .name = "graph",
+    .no_export = "graph memory exists only while its graph runs",
     .allocate = graph_allocate,
     .deallocate = graph_deallocate,
 };
@@ -300,12 +300,11 @@ static cubuf_status_t create_pool(const CUmemPoolProps *props, cuuint64_t thresh
 }
 
 /* Wraps a pool in a resource. On failure the caller still owns ctx and pool. */
-static cubuf_status_t wrap_pool(const cubuf_resource_vtbl_t *vt, cubuf_resource_kind_t kind,
-                                cubuf_context_t *ctx, CUmemoryPool pool,
+static cubuf_status_t wrap_pool(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx, CUmemoryPool pool,
                                 const cubuf_resource_props_t *props, cubuf_resource_t **out)
 {
     cubuf_resource_t *res = NULL;
-    cubuf_status_t st = cubuf__resource_new(vt, kind, ctx, &res);
+    cubuf_status_t st = cubuf__resource_new(vt, ctx, 0, &res);
     if (st != CUBUF_SUCCESS) return st;
     res->props = *props;
     res->impl = (void *)pool;
@@ -378,8 +377,7 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
     props.device_id = ordinal;
     props.device_accessible = true;
     props.ipc_enabled = o.ipc_enabled;
-    CHECK(wrap_pool(owned ? &owned_pool_vtbl : &default_pool_vtbl, CUBUF_RES_DEVICE_POOL, ctx, pool,
-                    &props, out));
+    CHECK(wrap_pool(owned ? &owned_pool_vtbl : &default_pool_vtbl, ctx, pool, &props, out));
     cubuf__ctx_pop(&g);
     return CUBUF_SUCCESS;
 fail:
@@ -462,7 +460,7 @@ cubuf_status_t cubuf__pinned_pool_make(cubuf_context_t *ctx, bool ipc_enabled, c
     props.device_accessible = true;
     props.host_accessible = true;
     props.ipc_enabled = ipc_enabled;
-    CHECK(wrap_pool(&owned_pool_vtbl, CUBUF_RES_PINNED_POOL, ctx, pool, &props, out));
+    CHECK(wrap_pool(&pinned_pool_vtbl, ctx, pool, &props, out));
     cubuf__ctx_pop(&g);
     return CUBUF_SUCCESS;
 fail:
@@ -484,7 +482,7 @@ cubuf_status_t cubuf_graph_resource_create(int ordinal, cubuf_resource_t **out)
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = ordinal;
     props.device_accessible = true;
-    CHECK(wrap_pool(&graph_vtbl, CUBUF_RES_GRAPH, ctx, pool, &props, out));
+    CHECK(wrap_pool(&graph_vtbl, ctx, pool, &props, out));
     return CUBUF_SUCCESS;
 fail:
     cubuf__context_release(ctx);
@@ -498,11 +496,11 @@ static cubuf_status_t peer_target(const cubuf_resource_t *res, int peer, const c
                                   CUmemoryPool *pool, CUdevice *dev)
 {
     CHECK_ARG(res, "%s: res is NULL", what);
-    CHECK_ARG(res->kind == CUBUF_RES_DEVICE_POOL || res->kind == CUBUF_RES_PINNED_POOL,
+    CHECK_ARG(cubuf__pool_handle(res) != NULL,
               "%s: the resource is not a pool resource (device or pinned pool)", what);
     cubuf_status_t st = cubuf__device_get(peer, dev);
     if (st != CUBUF_SUCCESS) return st;
-    CHECK_ARG(res->kind != CUBUF_RES_DEVICE_POOL || peer != res->ctx->ordinal,
+    CHECK_ARG(!is_device_pool(res) || peer != res->ctx->ordinal,
               "%s: device %d owns the pool; its access cannot be changed", what, peer);
     *pool = pool_of(res);
     return CUBUF_SUCCESS;
@@ -515,7 +513,7 @@ cubuf_status_t cubuf_resource_set_peer_access(cubuf_resource_t *res, int peer, b
     CUdevice dev;
     cubuf_status_t st = peer_target(res, peer, what, &pool, &dev);
     if (st != CUBUF_SUCCESS) return st;
-    if (grant && res->kind == CUBUF_RES_DEVICE_POOL) {
+    if (grant && is_device_pool(res)) {
         int can = 0;
         if ((st = CU(cuDeviceCanAccessPeer, &can, dev, res->ctx->device)) != CUBUF_SUCCESS) return st;
         if (!can)
@@ -540,7 +538,7 @@ cubuf_status_t cubuf_resource_peer_access(const cubuf_resource_t *res, int peer,
     CUmemoryPool pool = NULL;
     CUdevice dev;
     cubuf_status_t st;
-    if (res && res->kind == CUBUF_RES_DEVICE_POOL && peer == res->ctx->ordinal) {
+    if (res && is_device_pool(res) && peer == res->ctx->ordinal) {
         *granted = true;
         return CUBUF_SUCCESS;
     }

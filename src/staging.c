@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "staging.h"
 
 #define MAX_DEVICES 64
 

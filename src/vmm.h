@@ -57,6 +57,11 @@ typedef struct cubuf_vmm_live {
 } cubuf_vmm_live_t;
 void cubuf__vmm_live(cubuf_vmm_live_t *live);
 
+/* Takes (lock true) or drops the lock of the range buf belongs to, as a
+ * close of an alias would hold it. CUBUF_ERROR_INVALID_ARGUMENT when buf is
+ * not an open VMM buffer with memory. */
+cubuf_status_t cubuf__vmm_test_lock_range(cubuf_buffer_t *buf, bool lock);
+
 /* While on, a grow treats the reservation it asks for right at the end of
  * its space as placed elsewhere (what the driver does when those addresses
  * are taken), so a grow past the reserved headroom moves. Process-wide; for
@@ -122,6 +127,7 @@ typedef struct vmm_res {
     size_t gran;
     bool rdma_supported;
     vmm_access_t access; /* what the resource's own options grant */
+    bool fabric_fallback; /* fabric handles asked for, refused: opts.handle_type is POSIX_FD */
 } vmm_res_t;
 
 typedef struct vmm_phys {
@@ -264,9 +270,11 @@ cubuf_status_t cubuf__vmm_range_create(cubuf_resource_t *res, const cubuf_vmm_op
                                        size_t size, cubuf_buffer_t *buf, const char *what);
 /* The resource's allocate (vmm_range.c) and deallocate (vmm_close.c). */
 cubuf_status_t cubuf__vmm_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                   bool in_ctx);
+                                   bool in_ctx, cubuf_charge_t *charge);
+/* *charge: the physical allocations the close released (none while an
+ * alias still maps them). */
 cubuf_status_t cubuf__vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                     const cubuf_stream_token_t *token);
+                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge);
 /* The resource's set_token (vmm_close.c): the store under the range lock,
  * where closes of aliases read it. */
 void cubuf__vmm_set_token(cubuf_resource_t *res, cubuf_buffer_t *buf,

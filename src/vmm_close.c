@@ -180,13 +180,14 @@ static cubuf_status_t unmap_span(const vmm_range_t *r, vmm_space_t *s, size_t lo
 
 /* After the unmap: allocations no other mapping holds and, when the space
  * goes, its reservations. */
-static void release_span(cubuf_resource_t *res, vmm_space_t *s, size_t lo, size_t hi, bool dies)
+static void release_span(vmm_space_t *s, size_t lo, size_t hi, bool dies, cubuf_charge_t *released)
 {
     for (size_t i = lo; i < hi; i++) {
         vmm_phys_t *p = s->maps[i].phys;
         if (--p->maps > 0) continue;
         cubuf__vmm_release_quiet(p->handle, p->size);
-        cubuf__stats_sub(res, p->size);
+        released->bytes += p->size;
+        released->count++;
         free(p);
     }
     if (!dies) return;
@@ -220,7 +221,8 @@ static void drop_waits(vmm_range_t *r)
 }
 
 static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
-                                   const cubuf_stream_token_t *token, const char *what)
+                                   const cubuf_stream_token_t *token, const char *what,
+                                   cubuf_charge_t *released)
 {
     cubuf_status_t st;
     /* Refused before anything changes: the buffer stays open. */
@@ -253,7 +255,7 @@ static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
         if ((st = wait_streams(r, m, token, w, &n, what)) != CUBUF_SUCCESS) goto out;
         if ((st = unmap_span(r, s, lo, hi)) != CUBUF_SUCCESS) goto out;
         /* The close is done from here on: nothing below can fail it. */
-        release_span(res, s, lo, hi, dies);
+        release_span(s, lo, hi, dies, released);
         if (dies) {
             cubuf__vmm_space_free(s);
         } else {
@@ -301,14 +303,15 @@ static void forget_member(cubuf_resource_t *res, vmm_member_t *m)
 }
 
 cubuf_status_t cubuf__vmm_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                     const cubuf_stream_token_t *token)
+                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     static const char what[] = "closing a virtual memory buffer";
     vmm_member_t *m = buf->impl;
     if (!m) /* cubuf_buffer_wrap refuses this resource (no_adopt): never reached */
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: the buffer's memory was not allocated by this resource", what);
-    cubuf_status_t st = close_member(res, m, token, what);
+    *charge = (cubuf_charge_t){0, 0};
+    cubuf_status_t st = close_member(res, m, token, what, charge);
     if (st != CUBUF_SUCCESS && atomic_load(&buf->refs) == 0) forget_member(res, m);
     return st;
 }
@@ -325,4 +328,13 @@ void cubuf__vmm_set_token(cubuf_resource_t *res, cubuf_buffer_t *buf,
     pthread_mutex_lock(&m->range->lock);
     buf->dealloc = *token;
     pthread_mutex_unlock(&m->range->lock);
+}
+
+cubuf_status_t cubuf__vmm_test_lock_range(cubuf_buffer_t *buf, bool lock)
+{
+    vmm_member_t *m = buf && !buf->closed && cubuf__vmm_of(buf->resource) ? buf->impl : NULL;
+    CHECK_ARG(m, "cubuf__vmm_test_lock_range: not an open VMM buffer with memory");
+    if (lock) pthread_mutex_lock(&m->range->lock);
+    else pthread_mutex_unlock(&m->range->lock);
+    return CUBUF_SUCCESS;
 }

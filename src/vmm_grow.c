@@ -119,7 +119,7 @@ static cubuf_status_t grow_in_place(vmm_grow_t *gr, bool *must_move)
         p->maps = 1;
         p->access = gr->access;
         s->maps[s->nmaps++] = (vmm_mapping_t){pieces[i].offset, p, 0};
-        cubuf__stats_add(gr->res, p->size);
+        cubuf__resource_count(gr->res, +1, 0, &(cubuf_charge_t){p->size, 1});
     }
     s->maps[s->nmaps - 1].ends = 1;
     s->mapped = end;
@@ -199,7 +199,7 @@ static cubuf_status_t grow_moving(vmm_grow_t *gr)
     ns->nresv = 1;
     ns->reserved = rsize;
     ns->buffers = 1;
-    cubuf__stats_add(gr->res, extra);
+    cubuf__resource_count(gr->res, +1, 0, &(cubuf_charge_t){extra, 1});
     gr->to->space = ns;
     gr->to->count = c + 1;
     return CUBUF_SUCCESS;
@@ -286,9 +286,12 @@ cubuf_status_t cubuf_vmm_modify_allocation(cubuf_resource_t *res, cubuf_buffer_t
         if (new_size) {
             if (!options) o.address_hint = vr->opts.address_hint;
             CHECK(cubuf__vmm_range_create(res, &o, new_size, nb, what));
+            cubuf__resource_count(res, +1, nb->size, &(cubuf_charge_t){nb->size, 1});
         }
     } else {
+        /* The physical allocations it adds are counted as it makes them. */
         CHECK(grow_member(res, from, buf->size, new_size, &o, o.address_hint, nb, what));
+        if (nb->size) cubuf__resource_count(res, +1, nb->size, &(cubuf_charge_t){0, 0});
     }
     nb->resource = cubuf_resource_retain(res);
     *out = nb;

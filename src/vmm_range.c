@@ -215,7 +215,6 @@ cubuf_status_t cubuf__vmm_range_create(cubuf_resource_t *res, const cubuf_vmm_op
     m->count = 1;
     m->buf = buf;
     cubuf__vmm_range_link(r, m);
-    cubuf__stats_add(res, total);
     buf->ptr = va;
     buf->size = total;
     buf->impl = m;
@@ -233,11 +232,15 @@ fail:
 }
 
 cubuf_status_t cubuf__vmm_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                   bool in_ctx)
+                                   bool in_ctx, cubuf_charge_t *charge)
 {
     (void)stream; /* virtual memory operations are synchronous */
     const vmm_res_t *vr = res->impl;
-    return cubuf__vmm_range_create(res, &vr->opts, buf->size, buf, "allocating virtual memory");
+    cubuf_status_t st =
+        cubuf__vmm_range_create(res, &vr->opts, buf->size, buf, "allocating virtual memory");
+    /* One physical allocation of the rounded size (buf->size now). */
+    if (st == CUBUF_SUCCESS) *charge = (cubuf_charge_t){buf->size, 1};
+    return st;
 }
 
 /* ---- queries for IPC and tests ---------------------------------------------------- */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "vmm.h"
+#include "ipc.h"
 
 static int current_numa_node(void)
 {
@@ -41,7 +42,7 @@ static cubuf_status_t check_shape(const cubuf_vmm_options_t *o, const char *what
                            what, (int)o->field, (int)(last));
     CUBUF_VMM_ENUM_CHECK_(allocation_type, CUBUF_VMM_ALLOCATION_MANAGED)
     CUBUF_VMM_ENUM_CHECK_(location, CUBUF_VMM_LOCATION_HOST_NUMA_CURRENT)
-    CUBUF_VMM_ENUM_CHECK_(handle_type, CUBUF_VMM_HANDLE_FABRIC)
+    CUBUF_VMM_ENUM_CHECK_(handle_type, CUBUF_VMM_HANDLE_POSIX_FD_FABRIC)
     CUBUF_VMM_ENUM_CHECK_(granularity, CUBUF_VMM_GRANULARITY_MINIMUM)
     CUBUF_VMM_ENUM_CHECK_(owner_access, CUBUF_VMM_ACCESS_NONE)
     CUBUF_VMM_ENUM_CHECK_(peer_access, CUBUF_VMM_ACCESS_NONE)
@@ -89,11 +90,11 @@ static cubuf_status_t check_support(vmm_res_t *vr, const char *what)
         CUdevice_attribute attr;
         const char *feature;
     } needs[] = {
-        {o->handle_type == CUBUF_VMM_HANDLE_POSIX_FD,
+        /* Fabric handles are not checked here: where they are refused the
+         * resource falls back to POSIX fds (fabric_fallback), which are. */
+        {o->handle_type != CUBUF_VMM_HANDLE_NONE,
          CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
          "POSIX file descriptor handles (options->handle_type)"},
-        {o->handle_type == CUBUF_VMM_HANDLE_FABRIC, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-         "fabric handles (options->handle_type)"},
         {o->location == CUBUF_VMM_LOCATION_HOST,
          CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
          "virtual memory at the HOST location (options->location)"},
@@ -248,6 +249,10 @@ void cubuf__vmm_fill_prop(const vmm_res_t *vr, bool rdma, CUmemAllocationProp *p
         prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         break;
     case CUBUF_VMM_HANDLE_FABRIC: prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC; break;
+    case CUBUF_VMM_HANDLE_POSIX_FD_FABRIC:
+        prop->requestedHandleTypes = (CUmemAllocationHandleType)(
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC);
+        break;
     }
     switch (o->location) {
     case CUBUF_VMM_LOCATION_DEVICE:
@@ -325,10 +330,12 @@ static void vmm_destroy(cubuf_resource_t *res) { free(res->impl); }
 
 /* allocate is in vmm_range.c, deallocate and set_token in vmm_close.c. */
 static const cubuf_resource_vtbl_t vmm_vtbl = {
+    .name = "virtual memory",
+    .export_ipc = cubuf__ipc_export_vmm,
+    .raw_keeps_buffer = true,
     .allocate = cubuf__vmm_allocate,
     .deallocate = cubuf__vmm_deallocate,
     .destroy = vmm_destroy,
-    .manages_stats = true,
     .set_token = cubuf__vmm_set_token,
     .no_adopt = "a virtual memory resource frees only ranges it allocated (a close must know "
                 "which aliases still map the memory); wrap memory mapped elsewhere with "
@@ -337,7 +344,7 @@ static const cubuf_resource_vtbl_t vmm_vtbl = {
 
 const vmm_res_t *cubuf__vmm_of(const cubuf_resource_t *res)
 {
-    return res && res->kind == CUBUF_RES_VMM && res->vt == &vmm_vtbl ? res->impl : NULL;
+    return res && res->vt == &vmm_vtbl ? res->impl : NULL;
 }
 
 static cubuf_status_t query_granularity(vmm_res_t *vr, const char *what)
@@ -368,7 +375,8 @@ static cubuf_status_t probe(const vmm_res_t *vr, const char *what)
     const char *kind = NULL;
     if (o->allocation_type == CUBUF_VMM_ALLOCATION_MANAGED)
         kind = "managed memory";
-    else if (o->handle_type == CUBUF_VMM_HANDLE_FABRIC)
+    else if (o->handle_type == CUBUF_VMM_HANDLE_FABRIC ||
+             o->handle_type == CUBUF_VMM_HANDLE_POSIX_FD_FABRIC)
         kind = "memory with fabric handles";
     else if (is_host_location(o->location))
         kind = "host memory";
@@ -383,6 +391,41 @@ static cubuf_status_t probe(const vmm_res_t *vr, const char *what)
     return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                        "%s: the driver refuses %s at the %s location for device %d: %s", what, kind,
                        location_name(o->location), vr->ordinal, cubuf_last_error());
+}
+
+/* Fabric handles asked for: made once (the probe), or, where the device or
+ * the driver refuses them (CUDA_ERROR_NOT_SUPPORTED: no multi-node NVLink;
+ * CUDA_ERROR_NOT_PERMITTED: no IMEX channel), POSIX fds instead, as NCCL's
+ * ncclMemAlloc does. Other failures stay failures. */
+static cubuf_status_t fabric_or_fallback(vmm_res_t *vr, const char *what)
+{
+    cubuf_vmm_options_t *o = &vr->opts;
+    if (o->handle_type != CUBUF_VMM_HANDLE_FABRIC && o->handle_type != CUBUF_VMM_HANDLE_POSIX_FD_FABRIC)
+        return CUBUF_SUCCESS;
+    int v = 0;
+    cubuf_status_t st =
+        cubuf__device_attr(vr->device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, &v);
+    if (st != CUBUF_SUCCESS) return st;
+    if (v) {
+        /* The granularity of fabric memory, then one granule of it. */
+        CUresult r;
+        if ((st = query_granularity(vr, what)) != CUBUF_SUCCESS) {
+            r = cubuf_last_cuda_result();
+        } else {
+            CUmemAllocationProp prop;
+            cubuf__vmm_fill_prop(vr, o->gpu_direct_rdma, &prop);
+            cubuf__vmm_build_access(vr, o, &vr->access);
+            const char *call = NULL;
+            if ((r = cubuf__vmm_try_granule(&prop, vr->gran, &vr->access, &call)) == CUDA_SUCCESS)
+                return CUBUF_SUCCESS;
+            st = cubuf__cu_status(r, call);
+            cubuf__detail_append("%s: a granule with fabric handles on device %d", what, vr->ordinal);
+        }
+        if (r != CUDA_ERROR_NOT_PERMITTED && r != CUDA_ERROR_NOT_SUPPORTED) return st;
+    }
+    o->handle_type = CUBUF_VMM_HANDLE_POSIX_FD;
+    vr->fabric_fallback = true;
+    return CUBUF_SUCCESS;
 }
 
 cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t *options,
@@ -417,6 +460,7 @@ cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t 
     CHECK(check_peers(vr, &vr->opts, what));
     CHECK(cubuf__ctx_push(ctx->handle, &g));
     pushed = true;
+    CHECK(fabric_or_fallback(vr, what));
     CHECK(query_granularity(vr, what));
     if (vr->opts.address_hint % vr->gran) {
         st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
@@ -430,7 +474,7 @@ cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_options_t 
     CHECK(probe(vr, what));
     cubuf__ctx_pop(&g);
     pushed = false;
-    CHECK(cubuf__resource_new(&vmm_vtbl, CUBUF_RES_VMM, ctx, &res));
+    CHECK(cubuf__resource_new(&vmm_vtbl, ctx, 0, &res));
     ctx = NULL; /* the resource holds it now */
     res->impl = vr;
     bool host = is_host_location(vr->opts.location);
@@ -478,6 +522,9 @@ CUmemAllocationHandleType cubuf__vmm_handle_type(const cubuf_resource_t *res)
     switch (vr->opts.handle_type) {
     case CUBUF_VMM_HANDLE_POSIX_FD: return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     case CUBUF_VMM_HANDLE_FABRIC: return CU_MEM_HANDLE_TYPE_FABRIC;
+    case CUBUF_VMM_HANDLE_POSIX_FD_FABRIC:
+        return (CUmemAllocationHandleType)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                           CU_MEM_HANDLE_TYPE_FABRIC);
     case CUBUF_VMM_HANDLE_NONE: break;
     }
     return CU_MEM_HANDLE_TYPE_NONE;

@@ -22,7 +22,7 @@ fail() { echo "check_install: $*" >&2; exit 1; }
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$prefix/$libdir_rel
-for f in include/cubuf.h include/cubuf/vmm.h include/cubuf/ipc.h include/cubuf/version.h \
+for f in include/cubuf.h include/cubuf/vmm.h include/cubuf/ipc.h include/cubuf/dist.h include/cubuf/version.h \
          "$libdir_rel/pkgconfig/cubuf.pc" "$libdir_rel/libcubuf.a" "$libdir_rel/libcubuf.so"; do
   test -f "$prefix/$f" || fail "$f is not installed"
 done

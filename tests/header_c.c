@@ -1,8 +1,11 @@
-/* The public header alone, as strict C11 (-Wall -Wextra -Wpedantic -Werror);
+/* The public headers alone (<cubuf.h>, and <cubuf/dlpack.h>, which it does
+ * not include), as strict C11 (-Wall -Wextra -Wpedantic -Werror);
  * linked against the shared library. Every _INIT macro compiles without a
  * warning (all fields given) and sets struct_size; every first-layout size
  * lies within its struct. */
 #include <cubuf.h>
+#include <cubuf/dlpack.h>
+#include <cubuf/dist.h>
 #include <stdio.h>
 
 #define CHECK_INIT(type, init, v1)                                                  \
@@ -30,6 +33,12 @@ int main(void)
                CUBUF_IPC_IMPORT_OPTIONS_SIZE_V1);
     CHECK_INIT(cubuf_ipc_recv_options_t, CUBUF_IPC_RECV_OPTIONS_INIT,
                CUBUF_IPC_RECV_OPTIONS_SIZE_V1);
+    CHECK_INIT(cubuf_dlpack_options_t, CUBUF_DLPACK_OPTIONS_INIT, CUBUF_DLPACK_OPTIONS_SIZE_V1);
+    CHECK_INIT(cubuf_dist_caps_t, CUBUF_DIST_CAPS_INIT, CUBUF_DIST_CAPS_SIZE_V1);
+    CHECK_INIT(cubuf_dmabuf_options_t, CUBUF_DMABUF_OPTIONS_INIT, CUBUF_DMABUF_OPTIONS_SIZE_V1);
+    CHECK_INIT(cubuf_dmabuf_t, CUBUF_DMABUF_INIT, CUBUF_DMABUF_SIZE_V1);
+    CHECK_INIT(cubuf_memory_info_t, CUBUF_MEMORY_INFO_INIT, CUBUF_MEMORY_INFO_SIZE_V1);
+    CHECK_INIT(cubuf_physical_info_t, CUBUF_PHYSICAL_INFO_INIT, CUBUF_PHYSICAL_INFO_SIZE_V1);
     cubuf_resource_stats_t stats = CUBUF_RESOURCE_STATS_INIT;
     _Static_assert(CUBUF_RESOURCE_OPS_SIZE_V1 <= sizeof(cubuf_resource_ops_t), "ops v1");
     if (stats.struct_size != sizeof stats) return 1;

@@ -10,6 +10,7 @@
 #include "cubuf.h"
 #include "driver.h"
 #include "fault.h"
+#include "inspect.h"
 
 #define T_SKIP 77
 
@@ -49,6 +50,30 @@ static int t_failures;
     } while (0)
 
 /* Exits 77 unless a driver and at least `n` devices are present. */
+/* A cubuf context's CUcontext. */
+static inline CUcontext t_cu(cubuf_context_t *c)
+{
+    CUcontext h = NULL;
+    (void)cubuf_context_handle(c, &h);
+    return h;
+}
+
+/* A buffer's recorded deallocation stream and the context a default one is bound to. */
+static inline CUstream t_dealloc_stream(const cubuf_buffer_t *b)
+{
+    CUstream s;
+    CUcontext c;
+    cubuf__inspect_dealloc(b, &s, &c);
+    return s;
+}
+static inline CUcontext t_dealloc_ctx(const cubuf_buffer_t *b)
+{
+    CUstream s;
+    CUcontext c;
+    cubuf__inspect_dealloc(b, &s, &c);
+    return c;
+}
+
 static inline void t_require_gpus(int n)
 {
     int count = 0;

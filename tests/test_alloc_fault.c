@@ -253,7 +253,7 @@ static void op_view(void *arg)
     cubuf_buffer_release(b);
 }
 
-static int open_slices(const cubuf_buffer_t *b) { return atomic_load(&b->open_slices); }
+static int open_slices(const cubuf_buffer_t *b) { return cubuf__inspect_open_slices(b); }
 
 static void op_slice(void *arg)
 {

@@ -337,7 +337,7 @@ static void test_default_stream(cubuf_context_t *cctx, CUcontext ctx)
     /* Recording stream 0 binds the current context; a thread with no
      * current context can close the buffer. */
     T_REQUIRE(cubuf_buffer_wrap(dev_alloc(256), 256, res, NULL, &b));
-    T_CHECK(b->dealloc.ctx == ctx && b->dealloc.stream == NULL);
+    T_CHECK(t_dealloc_ctx(b) == ctx && t_dealloc_stream(b) == NULL);
     T_OK(close_from_thread(b, &seen));
     T_CHECK(seen == NULL);
     T_CHECK(cubuf_buffer_is_closed(b) && u.deallocs == 1 && u.last_stream == NULL);
@@ -347,9 +347,9 @@ static void test_default_stream(cubuf_context_t *cctx, CUcontext ctx)
     size_t before = 0, after = 1;
     T_OK(cubuf_context_bytes_allocated(cctx, &before));
     T_REQUIRE(cubuf_context_new_buffer(cctx, 4096, &b));
-    T_CHECK(b->dealloc.ctx == ctx);
+    T_CHECK(t_dealloc_ctx(b) == ctx);
     T_OK(cubuf_buffer_set_deallocation_stream(b, CU_STREAM_LEGACY));
-    T_CHECK(b->dealloc.ctx == ctx && b->dealloc.stream == CU_STREAM_LEGACY);
+    T_CHECK(t_dealloc_ctx(b) == ctx && t_dealloc_stream(b) == CU_STREAM_LEGACY);
     T_OK(close_from_thread(b, &seen));
     T_CHECK(cubuf_buffer_is_closed(b));
     T_OK(cubuf_context_bytes_allocated(cctx, &after));
@@ -373,7 +373,7 @@ static void test_default_stream(cubuf_context_t *cctx, CUcontext ctx)
     CUdeviceptr hp = dev_alloc(64);
     T_CU(cuCtxSetCurrent, NULL);
     T_REQUIRE(cubuf_buffer_wrap(hp, 64, hostres, NULL, &b));
-    T_CHECK(b->dealloc.ctx == NULL);
+    T_CHECK(t_dealloc_ctx(b) == NULL);
     T_OK(cubuf_buffer_set_deallocation_stream(b, CU_STREAM_PER_THREAD));
     cubuf_buffer_release(b);
     T_CHECK(hu.deallocs == 1 && hu.last_stream == CU_STREAM_PER_THREAD);

@@ -440,8 +440,8 @@ static void test_view_base(cubuf_context_t *c)
     T_STATUS(cubuf_context_buffer_from_strided(c, cubuf_buffer_ptr(base), 1, ((int64_t[]){2}),
                                                ((int64_t[]){4096}), 1, base, NULL, NULL, &v),
              CUBUF_ERROR_OUT_OF_RANGE);
-    T_CHECK(v == (cubuf_buffer_t *)&v && atomic_load(&base->refs) == 1 &&
-            atomic_load(&base->open_slices) == 0 && releases == 1);
+    T_CHECK(v == (cubuf_buffer_t *)&v && cubuf__inspect_buffer_refs(base) == 1 &&
+            cubuf__inspect_open_slices(base) == 0 && releases == 1);
     T_OK(cubuf_buffer_close(base));
     T_STATUS(cubuf_context_foreign_buffer(c, 0, 0, base, NULL, NULL, &v), CUBUF_ERROR_CLOSED);
     cubuf_buffer_release(base);

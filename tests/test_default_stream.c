@@ -109,7 +109,7 @@ int main(void)
 {
     t_require_gpu();
     T_REQUIRE(cubuf_context_create(0, &cctx));
-    T_CU(cuCtxSetCurrent, cctx->handle);
+    T_CU(cuCtxSetCurrent, t_cu(cctx));
     res_case_t cases[16];
     size_t ncases = make_cases(cases);
     const size_t big = 128 * MiB; /* room for a rounded-up 64 MiB */
@@ -120,7 +120,7 @@ int main(void)
 
     /* A private context of the same device, current from here on. */
     CUcontext priv = NULL;
-    T_CU(cuCtxCreate, &priv, NULL, 0, cctx->device);
+    T_CU(cuCtxCreate, &priv, NULL, 0, cubuf__inspect_context_device(cctx));
     const size_t sizes[] = {64 * KiB, 64 * MiB};
     for (size_t k = 0; k < ncases; k++)
         for (size_t i = 0; i < 3; i++)
@@ -145,9 +145,9 @@ int main(void)
      * bound to the memory's own context. */
     cubuf_buffer_t *b = NULL;
     T_REQUIRE(cubuf_resource_allocate(cases[0].res, 4096, NULL, &b));
-    T_CHECK(b->dealloc.ctx == cctx->handle);
+    T_CHECK(t_dealloc_ctx(b) == t_cu(cctx));
     T_OK(cubuf_buffer_set_deallocation_stream(b, CU_STREAM_PER_THREAD));
-    T_CHECK(b->dealloc.ctx == cctx->handle && b->dealloc.stream == CU_STREAM_PER_THREAD);
+    T_CHECK(t_dealloc_ctx(b) == t_cu(cctx) && t_dealloc_stream(b) == CU_STREAM_PER_THREAD);
     cubuf_buffer_release(b);
 
     /* Nothing faulted: both contexts still work. */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "staging.h"
 #include "test.h"
 
 #define KiB ((size_t)1 << 10)
@@ -219,7 +220,7 @@ int main(void)
 {
     t_require_gpu();
     T_REQUIRE(cubuf_context_create(0, &cctx));
-    T_CU(cuCtxSetCurrent, cctx->handle);
+    T_CU(cuCtxSetCurrent, t_cu(cctx));
     CUstream s = NULL;
     T_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
     const size_t sizes[] = {4 * KiB, 1 * MiB, 64 * MiB};

@@ -79,9 +79,9 @@ static void test_slices_keep_memory(void)
     T_CHECK(!cubuf_buffer_is_closed(root) && cubuf_buffer_ptr(root) == (CUdeviceptr)(uintptr_t)mem);
     T_CHECK(cubuf_buffer_size(root) == 4096 && h.deallocs == 0 && live_bytes(res) == 4096);
     /* close_on too, and its stream is not recorded. */
-    CUstream before = root->dealloc.stream;
+    CUstream before = t_dealloc_stream(root);
     T_STATUS(cubuf_buffer_close_on(root, (CUstream)(uintptr_t)0x1234), CUBUF_ERROR_BUSY);
-    T_CHECK(root->dealloc.stream == before && !cubuf_buffer_is_closed(root));
+    T_CHECK(t_dealloc_stream(root) == before && !cubuf_buffer_is_closed(root));
     /* A slice frees nothing: its deallocation stream needs no context or driver. */
     T_OK(cubuf_buffer_set_deallocation_stream(a, NULL));
     T_OK(cubuf_buffer_set_deallocation_stream(a, CU_STREAM_PER_THREAD));
@@ -150,8 +150,8 @@ static void test_slices_threads(void)
         pthread_join(t[i], NULL);
         T_CHECK(s[i].failures == 0);
     }
-    T_CHECK(atomic_load(&root->open_slices) == 0);
-    T_CHECK(atomic_load(&root->refs) == 1);
+    T_CHECK(cubuf__inspect_open_slices(root) == 0);
+    T_CHECK(cubuf__inspect_buffer_refs(root) == 1);
     T_OK(cubuf_buffer_close(root));
     T_CHECK(h.deallocs == 1 && live_bytes(res) == 0);
     cubuf_buffer_release(root);
@@ -162,13 +162,13 @@ static void test_slices_threads(void)
 
 static int g_nocalls;
 static cubuf_status_t never_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                     bool in_ctx)
+                                     bool in_ctx, cubuf_charge_t *charge)
 {
     g_nocalls++;
     return CUBUF_ERROR_DRIVER;
 }
 static cubuf_status_t never_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                       const cubuf_stream_token_t *token)
+                                       const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     g_nocalls++;
     return CUBUF_ERROR_DRIVER;
@@ -183,16 +183,14 @@ static void test_wrap_refuses(void)
         .no_adopt = "its frees need the state of its own allocations",
     };
     cubuf_resource_t *res = NULL;
-    T_REQUIRE(cubuf__resource_new(&vt, CUBUF_RES_USER, NULL, &res));
-    res->props.device_accessible = false;
-    res->props.host_accessible = true;
+    T_REQUIRE(cubuf__resource_new(&vt, NULL, 0, &res)); /* its properties: of no device, host memory */
     cubuf_buffer_t *b = (cubuf_buffer_t *)&b;
     unsigned char mem[16];
     T_STATUS(cubuf_buffer_wrap((CUdeviceptr)(uintptr_t)mem, sizeof mem, res, NULL, &b),
              CUBUF_ERROR_INVALID_ARGUMENT);
     T_CHECK(strstr(cubuf_last_error(), "own allocations") != NULL);
     T_CHECK(b == (cubuf_buffer_t *)&b && g_nocalls == 0 && live_bytes(res) == 0);
-    T_CHECK(res->refs == 1);
+    T_CHECK(cubuf__inspect_resource_refs(res) == 1);
     cubuf_resource_release(res);
 
     /* A user resource adopts. */

@@ -38,7 +38,7 @@ int main(void)
     cubuf_context_t *c0 = NULL, *c1 = NULL;
     T_REQUIRE(cubuf_context_create(0, &c0));
     T_REQUIRE(cubuf_context_create(1, &c1));
-    T_CU(cuCtxSetCurrent, c0->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c0));
 
     /* 1. A private pool on device 0: device 1 has no access until granted. */
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
@@ -57,7 +57,7 @@ int main(void)
         cubuf_buffer_t *b = NULL;
         T_REQUIRE(cubuf_resource_allocate(pool, N, CU_STREAM_LEGACY, &b));
         T_CU(cuCtxSynchronize);
-        write_from(c1->handle, cubuf_buffer_ptr(b), N, 0x21);
+        write_from(t_cu(c1), cubuf_buffer_ptr(b), N, 0x21);
         T_CHECK(count_not(cubuf_buffer_ptr(b), N, 0x21) == 0);
         cubuf_buffer_release(b);
         T_OK(cubuf_resource_set_peer_access(pool, 1, false));
@@ -79,10 +79,10 @@ int main(void)
         T_REQUIRE(st);
         cubuf_buffer_t *a = NULL, *g = NULL;
         T_REQUIRE(cubuf_resource_allocate(vmm, N, CU_STREAM_LEGACY, &a));
-        write_from(c1->handle, cubuf_buffer_ptr(a), N, 0x31);
+        write_from(t_cu(c1), cubuf_buffer_ptr(a), N, 0x31);
         T_CHECK(count_not(cubuf_buffer_ptr(a), N, 0x31) == 0);
         T_REQUIRE(cubuf_vmm_modify_allocation(vmm, a, 2 * N, NULL, &g));
-        write_from(c1->handle, cubuf_buffer_ptr(g) + N, N, 0x32);
+        write_from(t_cu(c1), cubuf_buffer_ptr(g) + N, N, 0x32);
         T_CHECK(count_not(cubuf_buffer_ptr(g), N, 0x31) == 0);
         T_CHECK(count_not(cubuf_buffer_ptr(g) + N, N, 0x32) == 0);
         cubuf_buffer_release(a);
@@ -100,18 +100,18 @@ int main(void)
     T_OK(cubuf_context_synchronize(c0));
     T_OK(cubuf_buffer_copy_from(y, x, CU_STREAM_PER_THREAD, NULL)); /* runs in y's context */
     T_OK(cubuf_context_synchronize(c1));
-    T_CU(cuCtxSetCurrent, c1->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c1));
     T_CHECK(count_not(cubuf_buffer_ptr(y), N, 0x41) == 0);
     T_OK(cubuf_buffer_fill_byte(y, 0x42, CU_STREAM_PER_THREAD));
     T_OK(cubuf_context_synchronize(c1));
     T_OK(cubuf_buffer_copy_from(x, y, CU_STREAM_PER_THREAD, NULL));
     T_OK(cubuf_context_synchronize(c0));
-    T_CU(cuCtxSetCurrent, c0->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c0));
     T_CHECK(count_not(cubuf_buffer_ptr(x), N, 0x42) == 0);
 
     /* 4. The peer copy captured into a graph (on device 0's stream): nothing
      * moves until the graph runs, then device 1's bytes arrive. */
-    T_CU(cuCtxSetCurrent, c0->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c0));
     T_OK(cubuf_buffer_fill_byte(y, 0x43, CU_STREAM_PER_THREAD));
     T_OK(cubuf_context_synchronize(c1));
     CUstream cs = NULL;

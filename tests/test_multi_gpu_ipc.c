@@ -57,7 +57,7 @@ static int child(int sock)
 {
     cubuf_context_t *c1 = NULL;
     T_REQUIRE(cubuf_context_create(1, &c1));
-    T_CU(cuCtxSetCurrent, c1->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c1));
     for (size_t m = 0; m < NMECH; m++) {
         cubuf_ipc_descriptor_t *desc = NULL;
         T_REQUIRE(cubuf_ipc_recv(sock, NULL, &desc));
@@ -153,7 +153,7 @@ int main(int argc, char **argv)
 
     cubuf_context_t *c0 = NULL;
     T_REQUIRE(cubuf_context_create(0, &c0));
-    T_CU(cuCtxSetCurrent, c0->handle);
+    T_CU(cuCtxSetCurrent, t_cu(c0));
     for (size_t m = 0; m < NMECH; m++) {
         printf("%s\n", mechs[m].name);
         cubuf_resource_t *r = exporter_resource(m);

@@ -1,6 +1,7 @@
 /* Pool peer access on one GPU: argument errors, and revoking and granting a
  * device's access to a pinned pool, read back through the driver. */
 #include "internal.h"
+#include "resource_pool.h"
 #include "test.h"
 
 int main(void)
@@ -10,7 +11,7 @@ int main(void)
     T_REQUIRE(cubuf_device_count(&count));
     cubuf_context_t *ctx = NULL;
     T_REQUIRE(cubuf_context_create(0, &ctx));
-    T_CU(cuCtxSetCurrent, ctx->handle);
+    T_CU(cuCtxSetCurrent, t_cu(ctx));
 
     cubuf_resource_t *dev_pool = NULL, *pinned = NULL, *sync = NULL;
     cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
@@ -46,7 +47,7 @@ int main(void)
     T_CHECK(!granted);
     CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
     CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    T_CU(cuMemPoolGetAccess, &flags, (CUmemoryPool)pinned->impl, &loc);
+    T_CU(cuMemPoolGetAccess, &flags, cubuf__pool_handle(pinned), &loc);
     T_CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
     T_OK(cubuf_resource_set_peer_access(pinned, 0, true));
     T_OK(cubuf_resource_peer_access(pinned, 0, &granted));

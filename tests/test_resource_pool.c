@@ -245,7 +245,7 @@ static void test_default_pool(void)
     T_OK(cubuf_resource_allocate(r, 1000, CU_STREAM_LEGACY, &b));
     T_CHECK(current() == NULL);
     T_CU(cuCtxSetCurrent, g_ctx);
-    T_CHECK(b && b->dealloc.ctx == g_ctx);
+    T_CHECK(b && t_dealloc_ctx(b) == g_ctx);
     check_device_rw(cubuf_buffer_ptr(b), 1000, CU_STREAM_LEGACY);
     T_CU(cuCtxSetCurrent, NULL);
     T_OK(cubuf_buffer_close(b));

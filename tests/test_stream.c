@@ -7,7 +7,7 @@ int main(void)
     t_require_gpu();
     cubuf_context_t *ctx = NULL;
     T_REQUIRE(cubuf_context_create(0, &ctx));
-    CUcontext h = ctx->handle;
+    CUcontext h = t_cu(ctx);
 
     cubuf_stream_token_t t;
     /* No current context and no own context: a default stream cannot be bound. */
@@ -23,7 +23,7 @@ int main(void)
 
     /* The memory's own context wins over the current one ("Default streams"). */
     CUcontext other = NULL;
-    T_CU(cuCtxCreate, &other, NULL, 0, ctx->device); /* current now */
+    T_CU(cuCtxCreate, &other, NULL, 0, cubuf__inspect_context_device(ctx)); /* current now */
     T_OK(cubuf__stream_record(&t, CU_STREAM_PER_THREAD, h));
     T_CHECK(t.ctx == h && t.stream == CU_STREAM_PER_THREAD);
     /* Memory of no context binds to the current one. */

@@ -114,7 +114,7 @@ int main(void)
     T_OK(cubuf_context_bytes_allocated(g_ctx, &bytes));
     T_CHECK(bytes == 0);
     /* The context's own pool resource counted the new_buffer allocations. */
-    cubuf_resource_t *cpool = (cubuf_resource_t *)atomic_load(&g_ctx->device_pool);
+    cubuf_resource_t *cpool = cubuf__inspect_context_pool(g_ctx, false);
     T_CHECK(cpool != NULL);
     if (cpool) {
         T_OK(cubuf_resource_stats(cpool, &s));
@@ -122,7 +122,7 @@ int main(void)
         T_CHECK(s.total_allocations == (uint64_t)THREADS * ITERS);
         T_CHECK(s.peak_count >= 1 && s.peak_count <= THREADS);
     }
-    cubuf_resource_t *hpool = (cubuf_resource_t *)atomic_load(&g_ctx->host_pool);
+    cubuf_resource_t *hpool = cubuf__inspect_context_pool(g_ctx, true);
     T_CHECK(hpool != NULL);
     if (hpool) {
         T_OK(cubuf_resource_stats(hpool, &s));

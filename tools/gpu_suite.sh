@@ -11,6 +11,12 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 build=build-gpu
 rc=0
+# tests/test_nccl.c loads libnccl.so.2 at run time from the Python packages
+# (nvidia-nccl, with PyTorch); it is skipped where none is found.
+if [ -z "${CUBUF_TEST_LIBNCCL:-}" ]; then
+  CUBUF_TEST_LIBNCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) || CUBUF_TEST_LIBNCCL=
+fi
+export CUBUF_TEST_LIBNCCL NCCL_NVLS_ENABLE=0
 has() { [[ " $parts " == *" $1 "* ]]; }
 
 if has build; then

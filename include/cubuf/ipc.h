@@ -126,12 +126,19 @@ typedef enum cubuf_ipc_mechanism {
  *    68  4  reserved, 0
  *    72 64  CUmemPoolPtrExportData of the allocation; extent = its size
  *  VMM body (total 64 + 8 * count bytes, count fds: fd i is chunk i)
- *    48  4  handle type: 1 (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+ *    48  4  handle type: 1 (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), or 8
+ *           (CU_MEM_HANDLE_TYPE_FABRIC: the fabric variant below)
  *    52  4  count of physical allocations (chunks), 1 .. CUBUF_IPC_MAX_CHUNKS
  *    56  8  granularity: a power of two, CUBUF_IPC_MIN_GRANULARITY ..
  *           CUBUF_IPC_MAX_GRANULARITY
  *    64  8*count  chunk sizes in address order: each > 0, a multiple of
  *           the granularity, at most the extent; they add up to the extent
+ *  VMM body with fabric handles (handle type 8; total 64 + 72 * count
+ *  bytes, no fd): as above, then
+ *    64+8*count  64*count  the CUmemFabricHandle of chunk i at
+ *           64 + 8*count + 64*i, none all zero
+ *  It carries no fd, so it can travel between nodes (an MPI message, a
+ *  file); importing it needs an IMEX channel of the same NVLink domain.
  *  Legacy body (total 112 bytes, no fd)
  *    48 64  CUipcMemHandle of the allocation; extent = the allocation's size
  *
@@ -149,8 +156,9 @@ typedef enum cubuf_ipc_mechanism {
 #define CUBUF_IPC_POOL_BYTES 136
 #define CUBUF_IPC_LEGACY_BYTES 112
 #define CUBUF_IPC_VMM_BYTES(count) (64 + 8 * (size_t)(count))
+#define CUBUF_IPC_VMM_FABRIC_BYTES(count) (64 + 72 * (size_t)(count))
 #define CUBUF_IPC_MAX_CHUNKS 1024
-#define CUBUF_IPC_MAX_BYTES CUBUF_IPC_VMM_BYTES(CUBUF_IPC_MAX_CHUNKS)
+#define CUBUF_IPC_MAX_BYTES CUBUF_IPC_VMM_FABRIC_BYTES(CUBUF_IPC_MAX_CHUNKS)
 #define CUBUF_IPC_MAX_FDS CUBUF_IPC_MAX_CHUNKS
 #define CUBUF_IPC_MAX_EXTENT ((uint64_t)1 << 44) /* 16 TiB */
 #define CUBUF_IPC_MIN_GRANULARITY ((uint64_t)4096)

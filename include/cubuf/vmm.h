@@ -112,6 +112,7 @@ typedef enum cubuf_vmm_handle_type {
     CUBUF_VMM_HANDLE_NONE = 0,  /**< not exportable */
     CUBUF_VMM_HANDLE_POSIX_FD,  /**< one POSIX file descriptor per allocation (see <cubuf/ipc.h>) */
     CUBUF_VMM_HANDLE_FABRIC,    /**< fabric handles (multi-node NVLink; needs an IMEX channel) */
+    CUBUF_VMM_HANDLE_POSIX_FD_FABRIC, /**< both (what NCCL's ncclMemAlloc asks for) */
 } cubuf_vmm_handle_type_t;
 
 /** Which granularity sizes and addresses are rounded to. */
@@ -170,6 +171,16 @@ typedef struct cubuf_vmm_options {
  * accessible only if owner_access is not NONE. Buffers are IPC-enabled when
  * handle_type is not NONE.
  *
+ * Fabric fallback: where handle_type asks for fabric handles (FABRIC or
+ * POSIX_FD_FABRIC) and the device or the driver refuses them (no multi-node
+ * NVLink: CUDA_ERROR_NOT_SUPPORTED; no IMEX channel:
+ * CUDA_ERROR_NOT_PERMITTED, as on an H200), the resource is made with POSIX
+ * fd handles instead, as NCCL does: cubuf_vmm_resource_options then reports
+ * handle_type POSIX_FD, cubuf_resource_fabric_fallback (<cubuf/dist.h>) says
+ * true, and the warning handler is not called. Pass those options (or NULL)
+ * to cubuf_vmm_modify_allocation. Where POSIX fds are refused too, creation
+ * fails with CUBUF_ERROR_NOT_SUPPORTED.
+ *
  * Release with cubuf_resource_release; buffers keep their resource alive.
  * Thread-safety: the resource may be used from any number of threads.
  *
@@ -183,9 +194,10 @@ typedef struct cubuf_vmm_options {
  *  - CUBUF_ERROR_OUT_OF_RANGE: `ordinal` or a peer is not a device (the
  *    message names the valid range).
  *  - CUBUF_ERROR_NOT_SUPPORTED: the device lacks virtual memory management;
- *    gpu_direct_rdma, POSIX fd or fabric handles, or the host location are
- *    not supported by the device, or the driver refuses them (fabric handles
- *    without an IMEX channel, managed allocations the driver cannot create);
+ *    gpu_direct_rdma, POSIX fd handles, or the host location are not
+ *    supported by the device, or the driver refuses them (managed
+ *    allocations the driver cannot create; fabric handles fall back, see
+ *    above);
  *    a peer cannot access the device's memory.
  *  - CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_NO_DEVICE, CUBUF_ERROR_OUT_OF_MEMORY,
  *    CUBUF_ERROR_DRIVER.

@@ -751,3 +751,17 @@ CUresult td_cuMemsetD8(CUdeviceptr_v2 dstDevice, unsigned char uc, size_t N)
     fill_op_t f = {(uintptr_t)dstDevice, uc, N, 1};
     return td_enqueue_sync(CU_STREAM_LEGACY, N ? run_fill : NULL, &f, sizeof f);
 }
+
+/* dma-buf export: host memory has no dma-buf exporter, so the test driver
+ * is a device without dma-buf support (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+ * reads 0, device.c) and refuses every range as the real driver would there. */
+CUresult td_cuMemGetHandleForAddressRange(void *handle, CUdeviceptr_v2 dptr, size_t size,
+                                          CUmemRangeHandleType handleType, unsigned long long flags)
+{
+    CUresult r = td_check_init();
+    if (r != CUDA_SUCCESS) return r;
+    (void)flags;
+    if (!handle || !dptr || !size || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}

@@ -1,0 +1,431 @@
+/* cubuf.Buffer and cubuf.VirtualMemoryBuffer (cuda.core's Buffer page). */
+#include "cubufpy.h"
+
+#include "driver.h" /* cuStreamIsCapturing: which exception a refused copy gets */
+
+void cbp_owner_release(void *owner)
+{
+    /* The C buffer may drop its owner on any thread (a DLPack consumer's
+     * deleter); nothing can be released once the interpreter is gone. */
+    if (!owner || !Py_IsInitialized()) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF((PyObject *)owner);
+    PyGILState_Release(g);
+}
+
+PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
+                         CUstream work_stream)
+{
+    BufferObject *b = PyObject_GC_New(BufferObject, type);
+    if (!b) {
+        cubuf_buffer_release(buf);
+        return NULL;
+    }
+    b->buf = buf;
+    b->mr = Py_XNewRef(mr);
+    b->owner = Py_XNewRef(owner);
+    b->ipc = NULL;
+    b->work_stream = work_stream;
+    b->weakreflist = NULL;
+    PyObject_GC_Track(b);
+    return (PyObject *)b;
+}
+
+static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyErr_SetString(PyExc_RuntimeError,
+                    "Buffer objects cannot be instantiated directly: use a memory resource's allocate(), "
+                    "Buffer.from_handle() or a Context");
+    return NULL;
+}
+
+static int Buffer_traverse(BufferObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->mr);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->ipc);
+    return 0;
+}
+
+static int Buffer_clear(BufferObject *self)
+{
+    Py_CLEAR(self->mr);
+    Py_CLEAR(self->ipc);
+    Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void Buffer_dealloc(BufferObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
+    Buffer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ---- methods ------------------------------------------------------------ */
+
+static PyObject *Buffer_close(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    cubuf_status_t st;
+    if (nargs == 0 && !kwnames) {
+        st = cubuf_buffer_close(self->buf);
+    } else {
+        static const char *const names[] = {"stream"};
+        PyObject *a[1];
+        if (cbp_parse("close", args, nargs, kwnames, names, 1, 1, 0, a) < 0) return NULL;
+        CUstream s;
+        if (!a[0] || a[0] == Py_None) {
+            st = cubuf_buffer_close(self->buf);
+        } else {
+            if (cbp_stream(a[0], &s) < 0) return NULL;
+            st = cubuf_buffer_close_on(self->buf, s);
+        }
+    }
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.close");
+    Py_RETURN_NONE;
+}
+
+/* The exception for a refused copy: options with the legacy stream or a
+ * capturing stream are a TypeError on the page; the rest by status. */
+static PyObject *copy_failed(cubuf_status_t st, CUstream s, bool with_options, const char *what)
+{
+    PyObject *exc = NULL;
+    if (st == CUBUF_ERROR_INVALID_ARGUMENT && with_options) {
+        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (cbp_is_legacy(s) ||
+            (cubuf__driver_load() == CUBUF_SUCCESS && cubuf__drv.cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
+             cs != CU_STREAM_CAPTURE_STATUS_NONE))
+            exc = PyExc_TypeError;
+    }
+    return cbp_fail_as(exc, st, what);
+}
+
+static int copy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     bool need_other, PyObject **other, CUstream *s, const cubuf_copy_options_t **opts)
+{
+    static const char *const names[] = {"buffer", "stream", "options"};
+    PyObject *a[3];
+    if (cbp_parse(fname, args, nargs, kwnames, names, 3, 1, need_other ? 3u : 2u, a) < 0) return -1;
+    *other = a[0] && a[0] != Py_None ? a[0] : NULL;
+    if (*other && !cbp_Buffer_Check(*other)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a cubuf.Buffer, not %.200s", fname, Py_TYPE(*other)->tp_name);
+        return -1;
+    }
+    if (need_other && !*other) {
+        PyErr_Format(PyExc_TypeError, "%s: the source must be a cubuf.Buffer, not None", fname);
+        return -1;
+    }
+    if (cbp_stream(a[1], s) < 0) return -1;
+    return cbp_copy_options(a[2], opts);
+}
+
+static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *dst;
+    CUstream s;
+    const cubuf_copy_options_t *opts;
+    if (copy_args("copy_to", args, nargs, kwnames, false, &dst, &s, &opts) < 0) return NULL;
+    cubuf_status_t st;
+    if (dst) {
+        st = cubuf_buffer_copy_to(self->buf, ((BufferObject *)dst)->buf, s, opts);
+        if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
+        self->work_stream = ((BufferObject *)dst)->work_stream = s;
+        return Py_NewRef(dst);
+    }
+    cubuf_buffer_t *out;
+    st = cubuf_buffer_copy_to_new(self->buf, s, opts, &out);
+    if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
+    self->work_stream = s;
+    return cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s);
+}
+
+static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
+{
+    PyObject *src;
+    CUstream s;
+    const cubuf_copy_options_t *opts;
+    if (copy_args("copy_from", args, nargs, kwnames, true, &src, &s, &opts) < 0) return NULL;
+    cubuf_status_t st = cubuf_buffer_copy_from(self->buf, ((BufferObject *)src)->buf, s, opts);
+    if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_from");
+    self->work_stream = ((BufferObject *)src)->work_stream = s;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_fill(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"value", "stream"};
+    PyObject *a[2];
+    if (cbp_parse("fill", args, nargs, kwnames, names, 2, 1, 3u, a) < 0) return NULL;
+    CUstream s;
+    cubuf_status_t st;
+    if (PyLong_Check(a[0])) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(a[0], &overflow);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (overflow || v < 0 || v > 255)
+            return PyErr_Format(PyExc_OverflowError, "fill value %R is outside [0, 256)", a[0]);
+        if (cbp_stream(a[1], &s) < 0) return NULL;
+        st = cubuf_buffer_fill_byte(self->buf, v, s);
+    } else if (PyObject_CheckBuffer(a[0])) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(a[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+        if (view.len != 1 && view.len != 2 && view.len != 4) {
+            PyErr_Format(PyExc_ValueError, "fill value must be 1, 2 or 4 bytes long, not %zd", view.len);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (cbp_stream(a[1], &s) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        st = cubuf_buffer_fill(self->buf, view.buf, (size_t)view.len, s);
+        PyBuffer_Release(&view);
+    } else {
+        return PyErr_Format(PyExc_TypeError, "fill value must be an int or support the buffer protocol, not %.200s",
+                            Py_TYPE(a[0])->tp_name);
+    }
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.fill");
+    self->work_stream = s;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_set_deallocation_stream(BufferObject *self, PyObject *arg)
+{
+    CUstream s;
+    if (cbp_stream(arg, &s) < 0) return NULL;
+    cubuf_status_t st = cubuf_buffer_set_deallocation_stream(self->buf, s);
+    if (st == CUBUF_ERROR_INVALID_ARGUMENT) return cbp_fail_as(PyExc_RuntimeError, st, "Buffer.set_deallocation_stream");
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.set_deallocation_stream");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_from_handle(PyObject *unused, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"ptr", "size", "mr", "owner", "stream"};
+    PyObject *a[5];
+    if (cbp_parse("from_handle", args, nargs, kwnames, names, 5, 4, 3u, a) < 0) return NULL;
+    unsigned long long ptr;
+    size_t size;
+    if (cbp_handle(a[0], "ptr", &ptr) < 0 || cbp_size(a[1], "size", &size) < 0) return NULL;
+    PyObject *mr = a[2] && a[2] != Py_None ? a[2] : NULL;
+    PyObject *owner = a[3] && a[3] != Py_None ? a[3] : NULL;
+    if (mr && owner) return PyErr_Format(PyExc_ValueError, "from_handle: owner and mr cannot be given together");
+    if (mr && !cbp_Resource_Check(mr))
+        return PyErr_Format(PyExc_TypeError, "from_handle: mr must be a cubuf memory resource, not %.200s",
+                            Py_TYPE(mr)->tp_name);
+    CUstream s = CU_STREAM_LEGACY;
+    if (a[4] && a[4] != Py_None && cbp_stream(a[4], &s) < 0) return NULL;
+    cubuf_buffer_t *buf;
+    cubuf_status_t st;
+    if (mr) {
+        st = cubuf_buffer_wrap((CUdeviceptr)ptr, size, ((ResourceObject *)mr)->res, s, &buf);
+    } else if (owner) {
+        Py_INCREF(owner); /* the C buffer's reference, dropped by cbp_owner_release */
+        st = cubuf_buffer_wrap_external((CUdeviceptr)ptr, size, owner, cbp_owner_release, &buf);
+        if (st != CUBUF_SUCCESS) Py_DECREF(owner);
+    } else {
+        st = cubuf_buffer_view((CUdeviceptr)ptr, size, &buf);
+    }
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.from_handle");
+    return cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s);
+}
+
+static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
+                                            PyObject *kwnames)
+{
+    static const char *const names[] = {"mr", "ipc_descriptor", "stream"};
+    PyObject *a[3];
+    if (cbp_parse("from_ipc_descriptor", args, nargs, kwnames, names, 3, 2, 7u, a) < 0) return NULL;
+    if (!cbp_Resource_Check(a[0]))
+        return PyErr_Format(PyExc_TypeError, "from_ipc_descriptor: mr must be a cubuf memory resource, not %.200s",
+                            Py_TYPE(a[0])->tp_name);
+    if (!PyObject_TypeCheck(a[1], &cbp_Descriptor_Type))
+        return PyErr_Format(PyExc_TypeError, "from_ipc_descriptor: expected a cubuf.IPCBufferDescriptor, not %.200s",
+                            Py_TYPE(a[1])->tp_name);
+    CUstream s;
+    if (cbp_stream(a[2], &s) < 0) return NULL;
+    cubuf_ipc_import_options_t o = CUBUF_IPC_IMPORT_OPTIONS_INIT;
+    o.device = ((ResourceObject *)a[0])->device;
+    cubuf_buffer_t *buf;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_buffer_from_ipc_descriptor(NULL, &o, ((DescriptorObject *)a[1])->desc, s, &buf);
+    Py_END_ALLOW_THREADS
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.from_ipc_descriptor");
+    PyTypeObject *type = PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls, &cbp_Buffer_Type)
+                             ? (PyTypeObject *)cls
+                             : &cbp_Buffer_Type;
+    return cbp_buffer_new(type, buf, a[0], NULL, s);
+}
+
+static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
+{
+    static const char *const names[] = {"position", "nbytes", "stream"};
+    PyObject *a[3];
+    if (cbp_parse("copy_to_host", args, nargs, kwnames, names, 3, 2, 0, a) < 0) return NULL;
+    int64_t pos = 0, n = -1;
+    CUstream s = CU_STREAM_LEGACY;
+    if ((a[0] && cbp_int64(a[0], "position", &pos) < 0) || (a[1] && cbp_int64(a[1], "nbytes", &n) < 0) ||
+        (a[2] && a[2] != Py_None && cbp_stream(a[2], &s) < 0))
+        return NULL;
+    int64_t size = (int64_t)cubuf_buffer_size(self->buf);
+    int64_t cap = n >= 0 ? n : (pos >= 0 && pos <= size ? size - pos : 0);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+    if (!out) return NULL;
+    size_t copied = 0;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_buffer_copy_to_host(self->buf, pos, n, PyBytes_AS_STRING(out), (size_t)cap, s, &copied);
+    Py_END_ALLOW_THREADS
+    if (st != CUBUF_SUCCESS) {
+        Py_DECREF(out);
+        return cbp_fail(st, "Buffer.copy_to_host");
+    }
+    if ((int64_t)copied != cap && _PyBytes_Resize(&out, (Py_ssize_t)copied) < 0) return NULL;
+    return out;
+}
+
+static PyObject *Buffer_copy_from_host(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    static const char *const names[] = {"data", "position", "nbytes", "stream"};
+    PyObject *a[4];
+    if (cbp_parse("copy_from_host", args, nargs, kwnames, names, 4, 3, 1u, a) < 0) return NULL;
+    int64_t pos = 0, n = -1;
+    CUstream s = CU_STREAM_LEGACY;
+    if ((a[1] && cbp_int64(a[1], "position", &pos) < 0) || (a[2] && cbp_int64(a[2], "nbytes", &n) < 0) ||
+        (a[3] && a[3] != Py_None && cbp_stream(a[3], &s) < 0))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(a[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    size_t copied = 0;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_buffer_copy_from_host(self->buf, view.buf, (size_t)view.len, pos, n, s, &copied);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.copy_from_host");
+    return PyLong_FromSize_t(copied);
+}
+
+static PyObject *Buffer_repr(BufferObject *self)
+{
+    if (cubuf_buffer_is_closed(self->buf)) return PyUnicode_FromFormat("<%s closed>", Py_TYPE(self)->tp_name);
+    return PyUnicode_FromFormat("<%s ptr=%p size=%zu device_id=%d>", Py_TYPE(self)->tp_name,
+                                (void *)(uintptr_t)cubuf_buffer_ptr(self->buf), cubuf_buffer_size(self->buf),
+                                cubuf_buffer_device_id(self->buf));
+}
+
+/* ---- attributes ------------------------------------------------------------- */
+
+static PyObject *Buffer_size(BufferObject *self, void *c) { return PyLong_FromSize_t(cubuf_buffer_size(self->buf)); }
+static PyObject *Buffer_handle(BufferObject *self, void *c)
+{
+    return PyLong_FromUnsignedLongLong((unsigned long long)cubuf_buffer_ptr(self->buf));
+}
+static PyObject *Buffer_device_id(BufferObject *self, void *c) { return PyLong_FromLong(cubuf_buffer_device_id(self->buf)); }
+static PyObject *Buffer_is_closed(BufferObject *self, void *c) { return PyBool_FromLong(cubuf_buffer_is_closed(self->buf)); }
+static PyObject *Buffer_is_device_accessible(BufferObject *self, void *c)
+{
+    return PyBool_FromLong(cubuf_buffer_is_device_accessible(self->buf));
+}
+static PyObject *Buffer_is_host_accessible(BufferObject *self, void *c)
+{
+    return PyBool_FromLong(cubuf_buffer_is_host_accessible(self->buf));
+}
+static PyObject *Buffer_is_managed(BufferObject *self, void *c) { return PyBool_FromLong(cubuf_buffer_is_managed(self->buf)); }
+static PyObject *Buffer_is_mapped(BufferObject *self, void *c) { return PyBool_FromLong(cubuf_buffer_is_mapped(self->buf)); }
+static PyObject *Buffer_owner(BufferObject *self, void *c) { return Py_NewRef(self->owner ? self->owner : Py_None); }
+
+static PyObject *Buffer_memory_resource(BufferObject *self, void *c)
+{
+    if (!self->mr) {
+        cubuf_resource_t *res = cubuf_buffer_resource(self->buf);
+        if (!res) Py_RETURN_NONE;
+        if (!(self->mr = cbp_resource_wrap(res))) return NULL;
+    }
+    return Py_NewRef(self->mr);
+}
+
+static PyObject *Buffer_ipc_descriptor(BufferObject *self, void *c)
+{
+    if (!self->ipc) {
+        cubuf_ipc_descriptor_t *d;
+        cubuf_status_t st = cubuf_buffer_ipc_descriptor(self->buf, &d);
+        if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.ipc_descriptor");
+        if (!(self->ipc = cbp_descriptor_new(d))) return NULL;
+    }
+    return Py_NewRef(self->ipc);
+}
+
+static PyMethodDef Buffer_methods[] = {
+    {"close", (PyCFunction)(void (*)(void))Buffer_close, METH_FASTCALL | METH_KEYWORDS,
+     "close(stream=None): releases the memory, ordered on `stream` (replacing the recorded deallocation\n"
+     "stream) or on the recorded one. RuntimeError while exported views (DLPack tensors) are alive."},
+    {"copy_to", (PyCFunction)(void (*)(void))Buffer_copy_to, METH_FASTCALL | METH_KEYWORDS,
+     "copy_to(dst=None, *, stream, options=None) -> Buffer"},
+    {"copy_from", (PyCFunction)(void (*)(void))Buffer_copy_from, METH_FASTCALL | METH_KEYWORDS,
+     "copy_from(src, *, stream, options=None)"},
+    {"fill", (PyCFunction)(void (*)(void))Buffer_fill, METH_FASTCALL | METH_KEYWORDS,
+     "fill(value, *, stream): value an int in [0, 256) or 1, 2 or 4 bytes of a buffer-protocol object."},
+    {"set_deallocation_stream", (PyCFunction)Buffer_set_deallocation_stream, METH_O,
+     "set_deallocation_stream(stream)"},
+    {"from_handle", (PyCFunction)(void (*)(void))Buffer_from_handle, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
+     "from_handle(ptr, size, mr=None, owner=None, *, stream=None) -> Buffer"},
+    {"from_ipc_descriptor", (PyCFunction)(void (*)(void))Buffer_from_ipc_descriptor,
+     METH_FASTCALL | METH_KEYWORDS | METH_CLASS, "from_ipc_descriptor(mr, ipc_descriptor, *, stream) -> Buffer"},
+    {"copy_to_host", (PyCFunction)(void (*)(void))Buffer_copy_to_host, METH_FASTCALL | METH_KEYWORDS,
+     "copy_to_host(position=0, nbytes=-1, *, stream=None) -> bytes (pyarrow's CudaBuffer); complete on return"},
+    {"copy_from_host", (PyCFunction)(void (*)(void))Buffer_copy_from_host, METH_FASTCALL | METH_KEYWORDS,
+     "copy_from_host(data, position=0, nbytes=-1, *, stream=None) -> bytes copied; complete on return"},
+    {"__dlpack__", (PyCFunction)(void (*)(void))cbp_buffer_dlpack, METH_FASTCALL | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule of the\n"
+     "buffer's bytes (1-D uint8), holding the buffer open until the consumer releases it."},
+    {"__dlpack_device__", (PyCFunction)cbp_buffer_dlpack_device, METH_NOARGS, "(device_type, device_id)"},
+    {NULL}};
+
+static PyGetSetDef Buffer_getset[] = {
+    {"device_id", (getter)Buffer_device_id, NULL, "Device ordinal, or -1 for memory bound to no device.", NULL},
+    {"handle", (getter)Buffer_handle, NULL, "The device pointer as an int.", NULL},
+    {"ipc_descriptor", (getter)Buffer_ipc_descriptor, NULL, "Descriptor for sharing this buffer with other processes.", NULL},
+    {"is_closed", (getter)Buffer_is_closed, NULL, NULL, NULL},
+    {"is_device_accessible", (getter)Buffer_is_device_accessible, NULL, NULL, NULL},
+    {"is_host_accessible", (getter)Buffer_is_host_accessible, NULL, NULL, NULL},
+    {"is_managed", (getter)Buffer_is_managed, NULL, NULL, NULL},
+    {"is_mapped", (getter)Buffer_is_mapped, NULL, "Whether the buffer was imported through IPC.", NULL},
+    {"memory_resource", (getter)Buffer_memory_resource, NULL, "The memory resource, or None for views.", NULL},
+    {"owner", (getter)Buffer_owner, NULL, "The object holding the external allocation, or None.", NULL},
+    {"size", (getter)Buffer_size, NULL, NULL, NULL},
+    {"__cuda_array_interface__", (getter)cbp_buffer_cai, NULL, "CUDA Array Interface, version 3 (1-D uint8).", NULL},
+    {NULL}};
+
+PyTypeObject cbp_Buffer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A span of memory owned through a memory resource (cuda.core's Buffer).",
+    .tp_new = Buffer_new,
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_traverse = (traverseproc)Buffer_traverse,
+    .tp_clear = (inquiry)Buffer_clear,
+    .tp_methods = Buffer_methods,
+    .tp_getset = Buffer_getset,
+    .tp_repr = (reprfunc)Buffer_repr,
+    .tp_weaklistoffset = offsetof(BufferObject, weakreflist),
+};
+
+PyTypeObject cbp_VirtualMemoryBuffer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.VirtualMemoryBuffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A Buffer returned by VirtualMemoryResource: it owns its reservations, physical allocations\n"
+              "and mappings; a buffer from modify_allocation aliases the one it was grown from.",
+    .tp_base = &cbp_Buffer_Type,
+    .tp_new = Buffer_new,
+    .tp_traverse = (traverseproc)Buffer_traverse,
+    .tp_clear = (inquiry)Buffer_clear,
+};

@@ -1,0 +1,160 @@
+/* The cubuf Python extension (cubuf._cubuf): what its files share. Private.
+ *
+ * The extension is a thin layer over the C library: every operation is one
+ * cubuf_* call; this layer parses arguments (METH_FASTCALL, no tuples or
+ * dicts on the hot path), maps statuses to the exceptions the reference
+ * pages name, and keeps the Python objects a buffer depends on alive. */
+#ifndef CUBUFPY_H
+#define CUBUFPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cubuf.h>
+#include <cubuf/dlpack.h>
+
+/* ---- objects ------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    cubuf_buffer_t *buf;    /* one reference, released at dealloc */
+    PyObject *mr;           /* the MemoryResource object, NULL until asked for (then cached) */
+    PyObject *owner;        /* from_handle's owner (also held by the C buffer's release), or NULL */
+    PyObject *ipc;          /* the cached ipc_descriptor, or NULL */
+    CUstream work_stream;   /* the stream of the last work issued through this object:
+                               the producer's stream for DLPack and the CUDA Array Interface */
+    PyObject *weakreflist;
+} BufferObject;
+
+typedef struct {
+    PyObject_HEAD
+    cubuf_resource_t *res;  /* one reference */
+    int device;             /* the ordinal the resource was made for (0 for a wrapped one) */
+    PyObject *options;      /* the options object given, or NULL */
+    PyObject *weakreflist;
+} ResourceObject;
+
+typedef struct {
+    PyObject_HEAD
+    cubuf_context_t *ctx;
+    PyObject *weakreflist;
+} ContextObject;
+
+typedef struct {
+    PyObject_HEAD
+    CUstream handle;
+    bool owned;             /* made by cubuf.Stream(): destroyed by close() or dealloc */
+    PyObject *keep;         /* what keeps the stream's CUDA context alive (a Context), or NULL */
+} StreamObject;
+
+typedef struct {
+    PyObject_HEAD
+    cubuf_ipc_descriptor_t *desc;
+} DescriptorObject;
+
+typedef struct {
+    PyObject_HEAD
+    cubuf_copy_options_t opts;
+    PyObject *src_access_order, *src_location_hint, *dst_location_hint, *overlap_mode;
+} CopyOptionsObject;
+
+extern PyTypeObject cbp_Buffer_Type, cbp_VirtualMemoryBuffer_Type;
+extern PyTypeObject cbp_MemoryResource_Type, cbp_VirtualMemoryResource_Type;
+extern PyTypeObject cbp_Context_Type, cbp_Stream_Type, cbp_Descriptor_Type, cbp_CopyOptions_Type;
+
+/* Resource types other than the base and VMM, defined in resource.c. */
+int cbp_resource_types_ready(PyObject *module);
+
+#define cbp_Buffer_Check(o) PyObject_TypeCheck((o), &cbp_Buffer_Type)
+#define cbp_Resource_Check(o) PyObject_TypeCheck((o), &cbp_MemoryResource_Type)
+
+/* ---- errors (module.c) --------------------------------------------------- */
+
+/* The exception for a failed cubuf call: cubuf.CUDAError (with .result, the
+ * CUresult name, .code and .status) for driver failures, otherwise the
+ * built-in exception the pages name for the status. The message is
+ * "<what>: <STATUS>: <cubuf's detail>". Returns NULL. */
+PyObject *cbp_fail(cubuf_status_t st, const char *what);
+/* The same with the Python exception chosen by the caller (exc NULL: by status). */
+PyObject *cbp_fail_as(PyObject *exc, cubuf_status_t st, const char *what);
+extern PyObject *cbp_CUDAError;
+
+/* ---- arguments (module.c) ------------------------------------------------ */
+
+/* Sorts fastcall arguments into out[0..n): positional ones into the first
+ * `npos` slots, keywords by `names`; slots past npos are keyword-only.
+ * `required` has bit i set for each slot that must be given. Unset slots
+ * are NULL. Returns 0, or -1 with TypeError set. */
+int cbp_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+              const char *const *names, int n, int npos, unsigned required, PyObject **out);
+
+/* Handles and pointers: anything int() converts (ints, __index__, and
+ * objects with __int__ such as cuda.bindings handles); floats and strings
+ * are refused. -1 with TypeError / OverflowError set. */
+int cbp_handle(PyObject *o, const char *what, unsigned long long *out);
+/* A size_t (an int >= 0). -1 with TypeError / OverflowError set. */
+int cbp_size(PyObject *o, const char *what, size_t *out);
+/* An int64 (pyarrow's offsets and sizes, -1 meaning "the rest"). */
+int cbp_int64(PyObject *o, const char *what, int64_t *out);
+/* A device: an int ordinal or an object with an int `device_id` (cuda.core's Device). */
+int cbp_device(PyObject *o, int *out);
+
+/* A stream: cubuf.Stream, an int handle (0/1 legacy, 2 per-thread), an
+ * object with __cuda_stream__ (cuda.core), cuda_stream (torch) or, for
+ * types named *Stream, ptr (CuPy), or any handle int() converts. None is
+ * refused (TypeError) here; callers that allow it check first. */
+int cbp_stream(PyObject *o, CUstream *out);
+
+/* A per-device cubuf context, kept for the module's life (streams, events). */
+cubuf_context_t *cbp_device_context(int device);
+
+/* Makes `consumer` wait for the work queued on `producer` so far (an
+ * event recorded on producer, waited on by consumer); nothing when they are
+ * the same stream. device: the context both belong to. 0 or -1 with an exception. */
+int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
+
+/* ---- buffers (buffer.c) -------------------------------------------------- */
+
+/* A new Buffer (or `type`) owning `buf` (stolen: released on failure).
+ * mr and owner may be NULL (new references are taken). */
+PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
+                         CUstream work_stream);
+/* The release function for C buffers that keep a Python object alive. */
+void cbp_owner_release(void *owner);
+
+/* ---- resources (resource.c) ---------------------------------------------- */
+
+/* A MemoryResource object for a resource made in C (retained). */
+PyObject *cbp_resource_wrap(cubuf_resource_t *res);
+/* Reads a CopyOptions (or None) into *out / *use. -1 with TypeError. */
+int cbp_copy_options(PyObject *o, const cubuf_copy_options_t **out);
+
+/* ---- ipc (ipc.c) ---------------------------------------------------------- */
+
+PyObject *cbp_descriptor_new(cubuf_ipc_descriptor_t *desc); /* steals desc */
+
+/* ---- interop (interop.c) ----------------------------------------------------- */
+
+PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
+PyObject *cbp_buffer_dlpack_device(BufferObject *self, PyObject *unused);
+PyObject *cbp_buffer_cai(BufferObject *self, void *closure);
+PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
+/* Context.buffer_from_object for an object with __cuda_array_interface__:
+ * a view of the span it covers, keeping obj alive. NULL with an exception;
+ * *handled false (no exception) when obj has no such interface. */
+PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled);
+
+/* ---- the CUDA stream values -------------------------------------------------- */
+
+static inline bool cbp_is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
+static inline bool cbp_same_stream(CUstream a, CUstream b)
+{
+    return a == b || (cbp_is_legacy(a) && cbp_is_legacy(b));
+}
+
+#endif

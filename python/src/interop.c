@@ -1,0 +1,294 @@
+/* Zero-copy exchange: DLPack (__dlpack__, __dlpack_device__, from_dlpack)
+ * with the array API's stream rules, and the CUDA Array Interface v3. */
+#include "cubufpy.h"
+
+/* ---- streams of the array API ------------------------------------------ */
+
+/* The stream an array-API `stream` int names for CUDA memory: 1 legacy,
+ * 2 per-thread, anything else a handle; -1 (no synchronization) gives
+ * *none; 0 is refused as the API says. */
+static int api_stream(PyObject *o, CUstream *out, bool *none)
+{
+    *none = false;
+    *out = CU_STREAM_LEGACY;
+    if (!o || o == Py_None) return 0;
+    if (!PyLong_Check(o)) return cbp_stream(o, out);
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v == -1) return (*none = true), 0;
+    if (v == 0) {
+        PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous for CUDA: pass 1 (legacy) or 2 (per-thread default stream)");
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "stream %lld is not a stream", v);
+        return -1;
+    }
+    *out = (CUstream)(uintptr_t)v; /* 1 and 2 are CU_STREAM_LEGACY and CU_STREAM_PER_THREAD */
+    return 0;
+}
+
+/* The array-API int for a stream (legacy 1, per-thread 2, else the handle). */
+static PyObject *api_stream_int(CUstream s)
+{
+    if (cbp_is_legacy(s)) return PyLong_FromLong(1);
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
+}
+
+static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged; }
+
+/* ---- export ---------------------------------------------------------------- */
+
+static void capsule_versioned_del(PyObject *cap)
+{
+    if (!PyCapsule_IsValid(cap, "dltensor_versioned")) return; /* consumed */
+    DLManagedTensorVersioned *t = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    if (t && t->deleter) t->deleter(t);
+}
+
+static void capsule_unversioned_del(PyObject *cap)
+{
+    if (!PyCapsule_IsValid(cap, "dltensor")) return;
+    DLManagedTensor *t = PyCapsule_GetPointer(cap, "dltensor");
+    if (t && t->deleter) t->deleter(t);
+}
+
+PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"stream", "max_version", "dl_device", "copy"};
+    PyObject *a[4];
+    if (cbp_parse("__dlpack__", args, nargs, kwnames, names, 4, 0, 0, a) < 0) return NULL;
+    int32_t dt, did;
+    cubuf_status_t st = cubuf_buffer_dlpack_device(self->buf, &dt, &did);
+    if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
+    if (a[2] && a[2] != Py_None) {
+        int32_t want_t, want_id;
+        if (!PyArg_ParseTuple(a[2], "ii:dl_device", &want_t, &want_id)) return NULL;
+        if (want_t != dt || want_id != did)
+            return PyErr_Format(PyExc_BufferError, "__dlpack__: the buffer is on DLPack device (%d, %d), not (%d, %d)",
+                                (int)dt, (int)did, (int)want_t, (int)want_id);
+    }
+    int copy = a[3] && a[3] != Py_None ? PyObject_IsTrue(a[3]) : 0;
+    if (copy < 0) return NULL;
+    bool versioned = false;
+    if (a[1] && a[1] != Py_None) {
+        if (!PyTuple_Check(a[1]) || PyTuple_GET_SIZE(a[1]) < 1)
+            return PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple");
+        long major = PyLong_AsLong(PyTuple_GET_ITEM(a[1], 0));
+        if (major == -1 && PyErr_Occurred()) return NULL;
+        versioned = major >= 1;
+    }
+    /* The consumer's stream waits for the work queued through this buffer. */
+    CUstream consumer = CU_STREAM_LEGACY;
+    bool none = true;
+    if (is_cuda_type(dt)) {
+        if (api_stream(a[0], &consumer, &none) < 0) return NULL;
+        int dev = cubuf_buffer_device_id(self->buf);
+        if (!none && dev >= 0 && cbp_stream_handoff(dev, self->work_stream, consumer) < 0) return NULL;
+    }
+    cubuf_buffer_t *src = self->buf, *copied = NULL;
+    if (copy) {
+        st = cubuf_buffer_copy_to_new(self->buf, none ? self->work_stream : consumer, NULL, &copied);
+        if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
+        src = copied;
+    }
+    PyObject *cap = NULL;
+    if (versioned) {
+        DLManagedTensorVersioned *t;
+        st = cubuf_buffer_to_dlpack(src, NULL, &t);
+        if (st == CUBUF_SUCCESS) {
+            if (copy) t->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+            if (!(cap = PyCapsule_New(t, "dltensor_versioned", capsule_versioned_del))) t->deleter(t);
+        }
+    } else {
+        DLManagedTensor *t;
+        st = cubuf_buffer_to_dlpack_unversioned(src, NULL, &t);
+        if (st == CUBUF_SUCCESS && !(cap = PyCapsule_New(t, "dltensor", capsule_unversioned_del))) t->deleter(t);
+    }
+    cubuf_buffer_release(copied); /* the tensor holds the copy now */
+    if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
+    return cap;
+}
+
+PyObject *cbp_buffer_dlpack_device(BufferObject *self, PyObject *unused)
+{
+    int32_t dt, did;
+    cubuf_status_t st = cubuf_buffer_dlpack_device(self->buf, &dt, &did);
+    if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack_device__");
+    return Py_BuildValue("(ii)", (int)dt, (int)did);
+}
+
+/* ---- import ---------------------------------------------------------------- */
+
+PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"x", "stream"};
+    PyObject *a[2];
+    if (cbp_parse("from_dlpack", args, nargs, kwnames, names, 2, 1, 1u, a) < 0) return NULL;
+    if (kwnames && a[0] && PyTuple_GET_SIZE(kwnames) > 0 && nargs == 0)
+        return PyErr_Format(PyExc_TypeError, "from_dlpack() takes x as a positional argument");
+    CUstream consumer = CU_STREAM_LEGACY;
+    if (a[1] && a[1] != Py_None && cbp_stream(a[1], &consumer) < 0) return NULL;
+    PyObject *dev = PyObject_CallMethod(a[0], "__dlpack_device__", NULL);
+    if (!dev) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "from_dlpack: %.200s is not a DLPack producer (no __dlpack_device__)",
+                         Py_TYPE(a[0])->tp_name);
+        }
+        return NULL;
+    }
+    int dt = 0, did = 0;
+    int ok = PyArg_ParseTuple(dev, "ii", &dt, &did);
+    Py_DECREF(dev);
+    if (!ok) return NULL;
+    PyObject *stream_arg = is_cuda_type(dt) ? api_stream_int(consumer) : Py_NewRef(Py_None);
+    if (!stream_arg) return NULL;
+    PyObject *meth = PyObject_GetAttrString(a[0], "__dlpack__");
+    if (!meth) {
+        Py_DECREF(stream_arg);
+        return NULL;
+    }
+    /* Ask for a versioned tensor; a producer older than DLPack 1.0 has no
+     * max_version keyword and gets the call without it. */
+    PyObject *max_version = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    PyObject *kw = Py_BuildValue("(ss)", "stream", "max_version");
+    PyObject *cap = NULL;
+    if (max_version && kw) {
+        PyObject *callargs[2] = {stream_arg, max_version};
+        cap = PyObject_Vectorcall(meth, callargs, 0, kw);
+        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyObject *kw1 = Py_BuildValue("(s)", "stream");
+            if (kw1) cap = PyObject_Vectorcall(meth, callargs, 0, kw1);
+            Py_XDECREF(kw1);
+        }
+    }
+    Py_XDECREF(max_version);
+    Py_XDECREF(kw);
+    Py_DECREF(meth);
+    Py_DECREF(stream_arg);
+    if (!cap) return NULL;
+    cubuf_buffer_t *buf = NULL;
+    cubuf_status_t st;
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        st = cubuf_buffer_from_dlpack(PyCapsule_GetPointer(cap, "dltensor_versioned"), &buf);
+        if (st == CUBUF_SUCCESS) PyCapsule_SetName(cap, "used_dltensor_versioned");
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        st = cubuf_buffer_from_dlpack_unversioned(PyCapsule_GetPointer(cap, "dltensor"), &buf);
+        if (st == CUBUF_SUCCESS) PyCapsule_SetName(cap, "used_dltensor");
+    } else {
+        Py_DECREF(cap);
+        return PyErr_Format(PyExc_TypeError, "from_dlpack: __dlpack__ did not return a DLPack capsule");
+    }
+    Py_DECREF(cap); /* a capsule that was not consumed deletes its tensor */
+    if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_NOT_SUPPORTED ? PyExc_BufferError : NULL, st, "from_dlpack");
+    return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer);
+}
+
+/* ---- CUDA Array Interface --------------------------------------------------- */
+
+PyObject *cbp_buffer_cai(BufferObject *self, void *closure)
+{
+    if (cubuf_buffer_is_closed(self->buf)) {
+        PyErr_SetString(PyExc_AttributeError, "__cuda_array_interface__: the buffer is closed");
+        return NULL;
+    }
+    if (!cubuf_buffer_is_device_accessible(self->buf)) {
+        PyErr_SetString(PyExc_AttributeError, "__cuda_array_interface__: the buffer is not device accessible");
+        return NULL;
+    }
+    PyObject *stream = api_stream_int(self->work_stream);
+    if (!stream) return NULL;
+    PyObject *d = Py_BuildValue("{s(n)sss(KO)sisOsN}", "shape", (Py_ssize_t)cubuf_buffer_size(self->buf), "typestr",
+                                "|u1", "data", (unsigned long long)cubuf_buffer_ptr(self->buf), Py_False, "version", 3,
+                                "strides", Py_None, "stream", stream);
+    return d;
+}
+
+static int cai_ints(PyObject *t, const char *what, int64_t *out, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (v == -1 && PyErr_Occurred()) return -1;
+        out[i] = v;
+    }
+    return 0;
+}
+
+PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled)
+{
+    *handled = false;
+    PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+    if (!cai) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+        else *handled = true;
+        return NULL;
+    }
+    *handled = true;
+    PyObject *r = NULL;
+    int64_t shape[64], strides[64];
+    if (!PyDict_Check(cai)) {
+        PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ must be a dict");
+        goto out;
+    }
+    PyObject *data = PyDict_GetItemString(cai, "data"), *sh = PyDict_GetItemString(cai, "shape");
+    PyObject *ts = PyDict_GetItemString(cai, "typestr"), *st_ = PyDict_GetItemString(cai, "strides");
+    PyObject *mask = PyDict_GetItemString(cai, "mask"), *stream = PyDict_GetItemString(cai, "stream");
+    if (!data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || !sh || !PyTuple_Check(sh) || !ts ||
+        !PyUnicode_Check(ts)) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ lacks data, shape or typestr");
+        goto out;
+    }
+    if (mask && mask != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ with a mask is not supported");
+        goto out;
+    }
+    Py_ssize_t ndim = PyTuple_GET_SIZE(sh);
+    if (ndim > 64 || (st_ && st_ != Py_None && (!PyTuple_Check(st_) || PyTuple_GET_SIZE(st_) != ndim))) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__: bad shape or strides");
+        goto out;
+    }
+    const char *tss = PyUnicode_AsUTF8(ts);
+    long itemsize = tss && strlen(tss) >= 3 ? strtol(tss + 2, NULL, 10) : 0;
+    if (itemsize <= 0) {
+        PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: bad typestr %R", ts);
+        goto out;
+    }
+    unsigned long long ptr = 0;
+    if (PyTuple_GET_ITEM(data, 0) != Py_None && cbp_handle(PyTuple_GET_ITEM(data, 0), "data pointer", &ptr) < 0)
+        goto out;
+    if (cai_ints(sh, "shape", shape, ndim) < 0) goto out;
+    if (st_ && st_ != Py_None) {
+        if (cai_ints(st_, "strides", strides, ndim) < 0) goto out;
+    } else {
+        int64_t s = itemsize;
+        for (Py_ssize_t i = ndim - 1; i >= 0; i--) {
+            strides[i] = s;
+            s *= shape[i] > 0 ? shape[i] : 1;
+        }
+    }
+    /* v3: the producer's work on `stream` is made visible on the context's
+     * legacy stream, which the view's work uses. */
+    if (stream && stream != Py_None) {
+        CUstream producer;
+        bool none;
+        if (api_stream(stream, &producer, &none) < 0) goto out;
+        int dev = 0;
+        cubuf_context_device(ctx, &dev);
+        if (!none && cbp_stream_handoff(dev, producer, CU_STREAM_LEGACY) < 0) goto out;
+    }
+    cubuf_buffer_t *buf;
+    Py_INCREF(obj);
+    cubuf_status_t st = cubuf_context_buffer_from_strided(ctx, (CUdeviceptr)ptr, (int)ndim, shape, strides,
+                                                          (size_t)itemsize, NULL, obj, cbp_owner_release, &buf);
+    if (st != CUBUF_SUCCESS) {
+        Py_DECREF(obj);
+        cbp_fail(st, "Context.buffer_from_object");
+        goto out;
+    }
+    r = cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, obj, CU_STREAM_LEGACY);
+out:
+    Py_DECREF(cai);
+    return r;
+}

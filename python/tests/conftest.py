@@ -1,0 +1,105 @@
+"""Shared fixtures of the cubuf pytest suite.
+
+Tests that need a CUDA device carry the `gpu` marker (most modules set
+pytestmark) and skip without one; tests that hand memory to PyTorch, CuPy,
+Numba or JAX carry `interop` too and skip on cubuf's host-backed test
+driver (CUBUF_LIBCUDA), whose memory no framework can use. `drv` calls the
+driver directly (through cuGetProcAddress of the driver cubuf loads) for
+what cubuf's API does not do: stream capture, raw allocations.
+"""
+import ctypes
+import os
+
+import pytest
+
+import cubuf
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (or cubuf's test driver)")
+    config.addinivalue_line("markers", "interop: hands cubuf memory to a framework (needs a real GPU)")
+
+
+def _devices():
+    try:
+        return cubuf.get_num_devices(), ""
+    except cubuf.CUDAError as e:
+        return 0, str(e)
+
+
+NUM_DEVICES, NO_DEVICE_WHY = _devices()
+TEST_DRIVER = bool(os.environ.get("CUBUF_LIBCUDA"))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and NUM_DEVICES == 0:
+        pytest.skip(f"needs a CUDA device: {NO_DEVICE_WHY or 'none found'}")
+    if item.get_closest_marker("interop") and TEST_DRIVER:
+        pytest.skip("interop needs a real GPU: CUBUF_LIBCUDA names cubuf's host-backed test driver")
+
+
+class Driver:
+    """Driver entry points by name and ABI version (the ones src/driver.h uses)."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL(os.environ.get("CUBUF_LIBCUDA") or "libcuda.so.1")
+        gpa = self.lib.cuGetProcAddress_v2
+        gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                        ctypes.c_void_p]
+        self._gpa = gpa
+        self._cache = {}
+
+    def fn(self, name, version, *argtypes):
+        key = (name, version)
+        if key not in self._cache:
+            p = ctypes.c_void_p()
+            r = self._gpa(name.encode(), ctypes.byref(p), version, 0, None)
+            assert r == 0 and p.value, f"cuGetProcAddress({name}, {version}) failed: {r}"
+            self._cache[key] = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(p.value)
+        return self._cache[key]
+
+    def check(self, r, what):
+        assert r == 0, f"{what} failed: CUresult {r}"
+
+    def begin_capture(self, stream):
+        f = self.fn("cuStreamBeginCapture", 10010, ctypes.c_void_p, ctypes.c_int)
+        self.check(f(stream.handle, 2), "cuStreamBeginCapture")  # CU_STREAM_CAPTURE_MODE_RELAXED
+
+    def end_capture(self, stream):
+        graph = ctypes.c_void_p()
+        f = self.fn("cuStreamEndCapture", 10000, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+        self.check(f(stream.handle, ctypes.byref(graph)), "cuStreamEndCapture")
+        if graph.value:
+            self.fn("cuGraphDestroy", 10000, ctypes.c_void_p)(graph)
+
+    def set_current(self, context):
+        self.check(self.fn("cuCtxSetCurrent", 4000, ctypes.c_void_p)(context.handle), "cuCtxSetCurrent")
+
+    def mem_alloc(self, size):
+        """cuMemAlloc in device 0's primary context (made current on this thread)."""
+        self.set_current(cubuf.Context(0))
+        p = ctypes.c_uint64()
+        self.check(self.fn("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(ctypes.byref(p), size),
+                   "cuMemAlloc")
+        return p.value
+
+    def mem_free(self, ptr):
+        self.check(self.fn("cuMemFree", 3020, ctypes.c_uint64)(ptr), "cuMemFree")
+
+
+@pytest.fixture
+def drv():
+    return Driver()
+
+
+@pytest.fixture
+def ctx():
+    return cubuf.Context(0)
+
+
+@pytest.fixture
+def stream():
+    s = cubuf.Stream(0)
+    yield s
+    s.sync()
+    s.close()

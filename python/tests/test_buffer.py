@@ -1,0 +1,234 @@
+"""cuda.core's Buffer page on every built-in resource: methods, attributes,
+the exceptions the page names, and the bytes read back."""
+import pytest
+
+import cubuf
+
+pytestmark = pytest.mark.gpu
+
+S = cubuf.default_stream()
+
+
+def resources():
+    return {
+        "device": lambda: cubuf.DeviceMemoryResource(0),
+        "device_private": lambda: cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions(max_size=1 << 26)),
+        "pinned": lambda: cubuf.PinnedMemoryResource(),
+        "managed": lambda: cubuf.ManagedMemoryResource(cubuf.ManagedMemoryResourceOptions(preferred_location=0)),
+        "legacy_pinned": lambda: cubuf.LegacyPinnedMemoryResource(0),
+        "sync_device": lambda: cubuf.SyncDeviceMemoryResource(0),
+        "vmm": lambda: cubuf.VirtualMemoryResource(0),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(resources()))
+def test_allocate_fill_copy_close(kind):
+    mr = resources()[kind]()
+    b = mr.allocate(4096, stream=S)
+    assert type(b) is (cubuf.VirtualMemoryBuffer if kind == "vmm" else cubuf.Buffer)
+    assert b.memory_resource is mr and b.owner is None and not b.is_closed and not b.is_mapped
+    assert b.size >= 4096 and b.handle != 0
+    host = kind in ("pinned", "managed", "legacy_pinned")
+    assert b.is_host_accessible == host and b.is_device_accessible
+    assert b.is_managed == (kind == "managed")
+    assert b.device_id == (-1 if kind in ("pinned", "legacy_pinned") else 0)
+    assert (mr.device_id, mr.is_host_accessible, mr.is_managed) == (b.device_id, host, kind == "managed")
+    b.fill(0x5A, stream=S)
+    c = b.copy_to(stream=S)  # a new buffer from the same resource
+    assert type(c) is type(b) and c.memory_resource is mr and c.size == b.size and c.handle != b.handle
+    c.fill(b"\x01\x02\x03\x04", stream=S)
+    b.copy_from(c, stream=S)
+    assert b.copy_to_host(0, 8) == b"\x01\x02\x03\x04" * 2
+    assert c.copy_to(b, stream=S) is b
+    before = mr.stats["current_bytes"]
+    c.close(S)
+    assert c.is_closed and c.size == 0 and c.handle == 0
+    S.sync()
+    assert mr.stats["current_bytes"] == before - b.size
+    b.close()
+    assert mr.stats["current_count"] == 0
+
+
+def test_fill_patterns_and_errors():
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(12)
+    b.fill(b"\xab\xcd", stream=S)
+    assert b.copy_to_host() == b"\xab\xcd" * 6
+    b.fill(memoryview(b"\x01\x02\x03\x04"), stream=S)
+    assert b.copy_to_host() == b"\x01\x02\x03\x04" * 3
+    b.fill(True, stream=S)
+    assert b.copy_to_host() == b"\x01" * 12
+    odd = mr.allocate(6)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        odd.fill(b"\x00\x00\x00\x00", stream=S)  # 6 is not a multiple of 4
+    with pytest.raises(OverflowError):
+        odd.fill(300, stream=S)
+    odd.close()
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        odd.fill(1, stream=S)
+    with pytest.raises(OverflowError):  # the range is checked before whether it is closed
+        odd.fill(256, stream=S)
+
+
+def test_copy_sizes_must_match_and_closed_is_runtime_error():
+    mr = cubuf.DeviceMemoryResource(0)
+    a, b = mr.allocate(64), mr.allocate(128)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        a.copy_from(b, stream=S)
+    b.close()
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        a.copy_to(b, stream=S)
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        b.copy_to(stream=S)
+
+
+def test_copy_options_rules(drv, stream):
+    mr = cubuf.DeviceMemoryResource(0)
+    a, b = mr.allocate(256), mr.allocate(256)
+    a.fill(7, stream=stream)
+    opts = cubuf.CopyOptions("stream")
+    for legacy in (cubuf.LEGACY_DEFAULT_STREAM, 0, 1):
+        with pytest.raises(TypeError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+            b.copy_from(a, stream=legacy, options=opts)
+    b.copy_from(a, stream=stream, options=opts)
+    b.copy_from(a, stream=cubuf.PER_THREAD_DEFAULT_STREAM, options=cubuf.CopyOptions("any"))
+    stream.sync()
+    assert b.copy_to_host() == b"\x07" * 256
+    drv.begin_capture(stream)
+    try:
+        with pytest.raises(TypeError):
+            b.copy_from(a, stream=stream, options=opts)
+    finally:
+        drv.end_capture(stream)
+
+
+def test_during_api_call_copy_or_runtime_error(stream):
+    # DURING_API_CALL: cubuf stages the source during the call, or, where the
+    # device has no host memory pools, refuses it (RuntimeError, as the page says).
+    src = cubuf.PinnedMemoryResource().allocate(64, stream=stream)
+    src.fill(9, stream=stream)
+    stream.sync()
+    dst = cubuf.DeviceMemoryResource(0).allocate(64, stream=stream)
+    try:
+        dst.copy_from(src, stream=stream, options=cubuf.CopyOptions("during_api_call"))
+    except RuntimeError as e:
+        assert "CUBUF_ERROR_NOT_SUPPORTED" in str(e)
+        return
+    src.fill(1, stream=stream)  # after the call: the copy already read the source
+    stream.sync()
+    assert dst.copy_to_host(stream=stream) == b"\x09" * 64
+
+
+def test_from_handle_three_modes(drv):
+    ptr = drv.mem_alloc(1 << 16)
+    mr = cubuf.SyncDeviceMemoryResource(0)
+    owned = cubuf.Buffer.from_handle(ptr, 1 << 16, mr)  # mr frees it at close
+    assert owned.memory_resource is mr and owned.device_id == 0 and owned.is_device_accessible
+    owned.fill(3, stream=S)
+    view = cubuf.Buffer.from_handle(ptr, 16)  # non-owning
+    assert view.memory_resource is None and view.copy_to_host() == b"\x03" * 16
+    view.close()  # frees nothing
+    assert owned.copy_to_host(0, 4) == b"\x03" * 4
+    keeper = bytearray(1)
+    with_owner = cubuf.Buffer.from_handle(ptr, 32, owner=keeper)
+    assert with_owner.owner is keeper and with_owner.memory_resource is None
+    with_owner.close()
+    assert mr.stats["current_count"] == 1
+    owned.close()
+    assert mr.stats["current_count"] == 0
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        owned.set_deallocation_stream(S)
+
+
+def test_from_handle_with_stream_records_it(drv, stream):
+    mr = cubuf.SyncDeviceMemoryResource(0)
+    adopted = cubuf.Buffer.from_handle(drv.mem_alloc(4096), 4096, mr, stream=stream)
+    assert mr.stats["current_count"] == 1
+    adopted.fill(2, stream=stream)
+    adopted.close()  # on the recorded stream
+    assert mr.stats["current_count"] == 0
+
+
+def test_set_deallocation_stream_and_close_on_stream(stream):
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(1024)
+    b.set_deallocation_stream(stream)
+    b.set_deallocation_stream(cubuf.PER_THREAD_DEFAULT_STREAM)
+    b.fill(1, stream=stream)
+    b.close(stream=stream)
+    assert b.is_closed
+    stream.sync()
+    assert mr.stats["current_count"] == 0
+
+
+def test_deallocate_refuses_pointer_0():
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        cubuf.DeviceMemoryResource(0).deallocate(0, 16)
+    with pytest.raises(TypeError):
+        cubuf.DeviceMemoryResource(0).deallocate(0)
+
+
+def test_ipc_descriptor_of_a_resource_that_cannot_share():
+    b = cubuf.DeviceMemoryResource(0).allocate(4096)
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_NOT_SUPPORTED"):
+        b.ipc_descriptor
+
+
+def test_graph_resource_needs_capture(drv, stream):
+    g = cubuf.GraphMemoryResource(0)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        g.allocate(1024, stream=stream)
+    drv.begin_capture(stream)
+    try:
+        b = g.allocate(1024, stream=stream)
+        assert b.size == 1024 and b.memory_resource is g
+        b.close(stream)
+    finally:
+        drv.end_capture(stream)
+
+
+def test_pool_close_on_capturing_stream_raises_and_stays_open(drv, stream):
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(1024, stream=stream)
+    drv.begin_capture(stream)
+    try:
+        with pytest.raises(RuntimeError, match="CUBUF_ERROR_STREAM_CAPTURING"):
+            b.close(stream)
+        assert not b.is_closed
+    finally:
+        drv.end_capture(stream)
+    b.close(stream)
+
+
+def test_out_of_memory_is_cuda_error():
+    mr = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions(max_size=1 << 21))
+    with pytest.raises(cubuf.CUDAError) as e:
+        mr.allocate(1 << 40)
+    assert e.value.result == "CUDA_ERROR_OUT_OF_MEMORY" and e.value.code == 2
+    assert e.value.status == "CUBUF_ERROR_OUT_OF_MEMORY"
+
+
+def test_resource_argument_errors():
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        cubuf.DeviceMemoryResource(999)
+    with pytest.raises(TypeError):
+        cubuf.DeviceMemoryResource("0")
+    with pytest.raises(ValueError):
+        cubuf.DeviceMemoryResource(-1)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        cubuf.ManagedMemoryResource(cubuf.ManagedMemoryResourceOptions(preferred_location=-3))
+    with pytest.raises(OverflowError):
+        cubuf.DeviceMemoryResource(0).allocate(-1)
+
+
+def test_stream_objects(stream):
+    assert stream.handle not in (0, 1, 2) and stream.__cuda_stream__() == (0, stream.handle)
+    b = cubuf.DeviceMemoryResource(0).allocate(64, stream=stream)
+    b.fill(4, stream=stream.handle)  # an int handle is a stream too
+    stream.sync()
+    assert stream.is_done
+    assert b.copy_to_host(stream=stream) == b"\x04" * 64
+    b.close()
+    s2 = cubuf.Stream(0, non_blocking=False, priority=-1)
+    s2.close()
+    s2.close()

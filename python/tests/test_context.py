@@ -1,0 +1,148 @@
+"""pyarrow.cuda's Context page: every method and attribute."""
+import ctypes
+
+import pytest
+
+import cubuf
+
+pytestmark = pytest.mark.gpu
+
+
+def test_context_attributes(ctx):
+    assert cubuf.Context.get_num_devices() == cubuf.get_num_devices() >= 1
+    assert ctx.device_number == 0 and ctx.handle != 0
+    assert cubuf.Context().handle == ctx.handle  # the primary context
+    wrapped = cubuf.Context(handle=ctx.handle)
+    assert wrapped.handle == ctx.handle and wrapped.device_number == 0
+    with pytest.raises(ValueError, match="belongs to device 0"):
+        cubuf.Context(1, handle=ctx.handle)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        cubuf.Context(999)
+    with pytest.raises(ValueError):
+        cubuf.Context(handle=0)
+    with pytest.raises(TypeError):
+        cubuf.Context(handle="x")
+
+
+def test_new_buffer_and_bytes_allocated(ctx):
+    base = ctx.bytes_allocated
+    b = ctx.new_buffer(1000)
+    assert b.size == 1000 and b.device_id == 0 and b.is_device_accessible and not b.is_host_accessible
+    assert ctx.bytes_allocated == base + 1000
+    assert b.memory_resource is not None and b.memory_resource.device_id == 0
+    c = b.copy_to(stream=cubuf.default_stream())  # counted too
+    assert ctx.bytes_allocated == base + 2000
+    b.close()
+    c.close()
+    assert ctx.bytes_allocated == base
+    assert ctx.new_buffer(0).size == 0
+    with pytest.raises(OverflowError):
+        ctx.new_buffer(-1)
+
+
+def test_buffer_from_data(ctx):
+    data = bytes(range(200))
+    b = ctx.buffer_from_data(data)
+    assert b.size == 200 and b.copy_to_host() == data
+    assert ctx.buffer_from_data(data, 50).copy_to_host() == data[50:]
+    assert ctx.buffer_from_data(data, 10, 5).copy_to_host() == data[10:15]
+    assert ctx.buffer_from_data(bytearray(data), size=3).copy_to_host() == data[:3]
+    import numpy as np
+    assert ctx.buffer_from_data(np.arange(4, dtype=np.uint16)).copy_to_host() == np.arange(4, dtype=np.uint16).tobytes()
+    again = ctx.buffer_from_data(b)  # from a device buffer
+    assert again.copy_to_host() == data and again.handle != b.handle
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        ctx.buffer_from_data(data, 200)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        ctx.buffer_from_data(data, 10, 191)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        ctx.buffer_from_data(data, -1)
+    with pytest.raises(TypeError):
+        ctx.buffer_from_data("text")
+    b.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ctx.buffer_from_data(b)
+
+
+def test_foreign_buffer_and_base(ctx):
+    owner = ctx.new_buffer(256)
+    owner.fill(9, stream=cubuf.default_stream())
+    v = ctx.foreign_buffer(owner.handle + 16, 32, owner)
+    assert v.size == 32 and v.owner is owner and v.memory_resource is None
+    assert v.copy_to_host() == b"\x09" * 32
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_BUSY"):
+        owner.close()  # the view depends on it
+    v.close()
+    owner.close()
+    assert ctx.foreign_buffer(0, 0).size == 0
+    with pytest.raises(ValueError):
+        ctx.foreign_buffer(0, 16)
+    keep = [1, 2]
+    other = ctx.new_buffer(64)
+    w = ctx.foreign_buffer(other.handle, 64, base=keep)
+    assert w.owner is keep
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        ctx.foreign_buffer(other.handle, 128, other)
+
+
+def test_get_device_address(ctx):
+    b = ctx.new_buffer(64)
+    assert ctx.get_device_address(b.handle) == b.handle
+    pinned = cubuf.LegacyPinnedMemoryResource(0).allocate(64)
+    assert ctx.get_device_address(pinned.handle) != 0
+    page = ctypes.create_string_buffer(64)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        ctx.get_device_address(ctypes.addressof(page))
+
+
+def test_buffer_from_object(ctx):
+    b = ctx.new_buffer(128)
+    v = ctx.buffer_from_object(b)
+    assert (v.handle, v.size, v.owner) == (b.handle, 128, b)
+
+    class Strided:  # a column of a 4x8 uint32 array: the span holds the gaps
+        def __init__(self, ptr):
+            self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (4,), "strides": (32,),
+                                             "typestr": "<u4", "version": 3, "stream": None}
+    s = Strided(b.handle + 4)
+    col = ctx.buffer_from_object(s)
+    assert col.handle == b.handle + 4 and col.size == 3 * 32 + 4 and col.owner is s
+    c_order = type("C", (), {"__cuda_array_interface__": {"data": (b.handle, False), "shape": (2, 3),
+                                                            "typestr": "<f8", "version": 2}})()
+    assert ctx.buffer_from_object(c_order).size == 48
+    with pytest.raises(ValueError, match="mask"):
+        ctx.buffer_from_object(type("M", (), {"__cuda_array_interface__": {
+            "data": (b.handle, False), "shape": (2,), "typestr": "<u1", "version": 3, "mask": object()}})())
+    pinned = cubuf.LegacyPinnedMemoryResource(0).allocate(64)
+    host_view = (ctypes.c_char * 64).from_address(pinned.handle)
+    hv = ctx.buffer_from_object(host_view)  # pinned host memory through the buffer protocol
+    assert hv.size == 64 and hv.owner is host_view
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        ctx.buffer_from_object(bytearray(64))  # pageable: not device accessible
+    with pytest.raises(TypeError):
+        ctx.buffer_from_object(object())
+
+
+def test_open_ipc_buffer_type_error(ctx):
+    with pytest.raises(TypeError):
+        ctx.open_ipc_buffer(b"handle")
+
+
+def test_synchronize(ctx):
+    b = ctx.new_buffer(1 << 20)
+    b.fill(1, stream=cubuf.default_stream())
+    ctx.synchronize()
+    assert b.copy_to_host(0, 4) == b"\x01" * 4
+
+
+@pytest.mark.interop
+def test_numba_contexts(ctx):
+    pytest.importorskip("numba.cuda")
+    from numba import cuda
+    if not cuda.is_available():
+        pytest.skip("numba finds no CUDA device")
+    c = cubuf.Context.from_numba()
+    assert c.handle == ctx.handle and c.device_number == 0
+    nctx = ctx.to_numba()
+    assert int(getattr(nctx.handle, "value", None) or nctx.handle) == ctx.handle
+    assert cubuf.Context.from_numba(nctx).handle == ctx.handle

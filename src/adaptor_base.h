@@ -1,0 +1,40 @@
+/* What every resource adaptor shares (adaptor.c): an upstream it holds and
+ * reaches through its raw-pointer path. Private: never installed. */
+#ifndef CUBUF_ADAPTOR_BASE_H
+#define CUBUF_ADAPTOR_BASE_H
+
+#include "internal.h"
+
+/* The first member of every adaptor's state (res->impl). */
+typedef struct cubuf_adaptor {
+    cubuf_resource_t *up; /* retained */
+} cubuf_adaptor_t;
+
+/* A new adaptor resource over `up` (retained), with up's properties and
+ * context, and `impl_size` zeroed bytes of state whose first member is a
+ * cubuf_adaptor_t. `what` names the create function for messages. */
+cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtbl_t *vt,
+                                  size_t impl_size, const char *what, cubuf_resource_t **out);
+/* The vtbl destroy of an adaptor with no state to free besides its own. */
+void cubuf__adaptor_destroy(cubuf_resource_t *res);
+
+/* One allocation and one free through the upstream, as the vtbl's allocate
+ * and deallocate are called. */
+static inline cubuf_status_t cubuf__adaptor_up_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                                        bool in_ctx, cubuf_charge_t *charge)
+{
+    const cubuf_adaptor_t *a = res->impl;
+    CUdeviceptr p = 0;
+    cubuf_status_t st = cubuf__raw_allocate(a->up, buf->size, &buf->dealloc, in_ctx, &p, charge);
+    if (__builtin_expect(st == CUBUF_SUCCESS, 1)) buf->ptr = p;
+    return st;
+}
+static inline cubuf_status_t cubuf__adaptor_up_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                                          const cubuf_stream_token_t *token,
+                                                          cubuf_charge_t *charge)
+{
+    const cubuf_adaptor_t *a = res->impl;
+    return cubuf__raw_deallocate(a->up, buf->ptr, buf->size, token, charge);
+}
+
+#endif

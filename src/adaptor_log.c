@@ -1,0 +1,244 @@
+/* The logging adaptor: one line per allocate and free (cubuf/adaptor.h).
+ *
+ * The hot path writes a small binary event into one of a few shards, picked
+ * by thread, each under its own spin lock, and stamps it with the cycle
+ * counter where there is one (a few ns, where a clock_gettime costs about
+ * 20). Formatting, sorting into time order and writing happen at a flush,
+ * which also converts the stamps to CLOCK_MONOTONIC nanoseconds by the two
+ * reference points taken at creation and at the flush. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "adaptor_base.h"
+
+#define LOG_SHARDS 16
+#define LOG_SHARD_EVENTS 4096
+
+enum { OP_ALLOCATE, OP_FREE };
+
+typedef struct log_event {
+    uint64_t stamp;
+    CUstream stream;
+    CUdeviceptr ptr;
+    size_t size;
+    int32_t tid;
+    uint8_t op;
+    int8_t status;
+} log_event_t;
+
+typedef struct log_shard {
+    atomic_bool lock;
+    size_t n;
+    log_event_t ev[LOG_SHARD_EVENTS];
+} log_shard_t;
+
+typedef struct log_adaptor {
+    cubuf_adaptor_t base;
+    FILE *file;
+    cubuf_log_line_fn callback;
+    void *user;
+    pthread_mutex_t out_lock; /* one flush at a time */
+    uint64_t stamp0;          /* the reference point taken at creation */
+    int64_t ns0;
+    log_shard_t *shards; /* LOG_SHARDS of them */
+} log_adaptor_t;
+
+static int64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t stamp_now(void) { return __rdtsc(); }
+#else
+static inline uint64_t stamp_now(void) { return (uint64_t)mono_ns(); }
+#endif
+
+static _Thread_local int32_t tls_tid;
+
+static inline int32_t thread_id(void)
+{
+    if (__builtin_expect(!tls_tid, 0)) tls_tid = (int32_t)syscall(SYS_gettid);
+    return tls_tid;
+}
+
+static void shard_lock(log_shard_t *s)
+{
+    while (atomic_exchange_explicit(&s->lock, true, memory_order_acquire)) sched_yield();
+}
+static void shard_unlock(log_shard_t *s) { atomic_store_explicit(&s->lock, false, memory_order_release); }
+
+static cubuf_status_t flush(log_adaptor_t *l);
+
+static void record(log_adaptor_t *l, uint8_t op, const cubuf_stream_token_t *on, CUdeviceptr ptr,
+                   size_t size, cubuf_status_t st)
+{
+    const int32_t tid = thread_id();
+    log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
+    for (;;) {
+        shard_lock(s);
+        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1)) break;
+        shard_unlock(s);
+        if (flush(l) != CUBUF_SUCCESS)
+            cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a flush failed; its events are lost");
+    }
+    log_event_t *e = &s->ev[s->n++];
+    e->stamp = stamp_now();
+    e->stream = on->stream;
+    e->ptr = ptr;
+    e->size = size;
+    e->tid = tid;
+    e->op = op;
+    e->status = (int8_t)st;
+    shard_unlock(s);
+}
+
+static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                   bool in_ctx, cubuf_charge_t *charge)
+{
+    (void)stream;
+    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+    record(res->impl, OP_ALLOCATE, &buf->dealloc, st == CUBUF_SUCCESS ? buf->ptr : 0, buf->size, st);
+    return st;
+}
+
+static cubuf_status_t log_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
+    record(res->impl, OP_FREE, token, buf->ptr, buf->size, st);
+    return st;
+}
+
+/* ---- flushing ---- */
+
+static int by_stamp(const void *a, const void *b)
+{
+    const log_event_t *x = a, *y = b;
+    return x->stamp < y->stamp ? -1 : x->stamp > y->stamp ? 1 : 0;
+}
+
+static cubuf_status_t emit(log_adaptor_t *l, const char *line)
+{
+    if (l->callback) {
+        l->callback(l->user, line);
+        return CUBUF_SUCCESS;
+    }
+    if (fputs(line, l->file) < 0 || fputc('\n', l->file) < 0)
+        return cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s",
+                           strerror(errno));
+    return CUBUF_SUCCESS;
+}
+
+/* Takes every shard's events (the shards keep serving meanwhile, one at a
+ * time), sorts them and writes them. */
+static cubuf_status_t flush(log_adaptor_t *l)
+{
+    pthread_mutex_lock(&l->out_lock);
+    /* Room for full shards: they may fill while others are copied. */
+    log_event_t *all = cubuf__malloc((size_t)LOG_SHARDS * LOG_SHARD_EVENTS * sizeof *all);
+    cubuf_status_t st = CUBUF_SUCCESS;
+    size_t n = 0;
+    for (int i = 0; i < LOG_SHARDS; i++) {
+        log_shard_t *s = &l->shards[i];
+        shard_lock(s);
+        if (all) memcpy(all + n, s->ev, s->n * sizeof *all);
+        if (all) n += s->n;
+        else if (s->n) st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "logging adaptor: no memory to flush");
+        s->n = 0;
+        shard_unlock(s);
+    }
+    const uint64_t stamp1 = stamp_now();
+    const int64_t ns1 = mono_ns();
+    const double scale = stamp1 > l->stamp0 ? (double)(ns1 - l->ns0) / (double)(stamp1 - l->stamp0) : 1.0;
+    qsort(all, n, sizeof *all, by_stamp);
+    char line[256];
+    for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
+        const log_event_t *e = &all[i];
+        int64_t t = l->ns0 + (int64_t)((double)(e->stamp - l->stamp0) * scale);
+        snprintf(line, sizeof line, "%lld,%d,%p,%s,0x%llx,%zu,%s", (long long)t, (int)e->tid,
+                 (void *)e->stream, e->op == OP_ALLOCATE ? "allocate" : "free",
+                 (unsigned long long)e->ptr, e->size, cubuf_status_name((cubuf_status_t)e->status));
+        st = emit(l, line);
+    }
+    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS)
+        st = cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
+    free(all);
+    pthread_mutex_unlock(&l->out_lock);
+    return st;
+}
+
+static void log_destroy(cubuf_resource_t *res)
+{
+    log_adaptor_t *l = res->impl;
+    if (flush(l) != CUBUF_SUCCESS)
+        cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: the last flush failed: %s", cubuf_last_error());
+    if (l->file) fclose(l->file);
+    pthread_mutex_destroy(&l->out_lock);
+    free(l->shards);
+    cubuf__adaptor_destroy(res);
+}
+
+static const cubuf_resource_vtbl_t log_vtbl = {
+    .name = "logging adaptor",
+    .allocate = log_allocate,
+    .deallocate = log_deallocate,
+    .destroy = log_destroy,
+};
+
+cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_log_options_t *options,
+                                        cubuf_resource_t **out)
+{
+    static const char what[] = "cubuf_log_adaptor_create";
+    CHECK_ARG(upstream && options && out, "%s: NULL argument", what);
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    cubuf_status_t st = cubuf__struct_in(what, "cubuf_log_options_t", &o, sizeof o, options,
+                                         CUBUF_LOG_OPTIONS_SIZE_V1);
+    if (st != CUBUF_SUCCESS) return st;
+    CHECK_ARG(!o.path != !o.callback, "%s: set exactly one of path and callback", what);
+    log_shard_t *shards = cubuf__calloc(LOG_SHARDS, sizeof *shards);
+    if (!shards) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the event buffers", what);
+    FILE *f = NULL;
+    if (o.path && !(f = fopen(o.path, "we"))) {
+        int e = errno;
+        free(shards);
+        return cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: cannot open %s: %s", what, o.path, strerror(e));
+    }
+    cubuf_resource_t *res = NULL;
+    if ((st = cubuf__adaptor_new(upstream, &log_vtbl, sizeof(log_adaptor_t), what, &res)) != CUBUF_SUCCESS) {
+        if (f) fclose(f);
+        free(shards);
+        return st;
+    }
+    log_adaptor_t *l = res->impl;
+    l->file = f;
+    l->callback = o.callback;
+    l->user = o.user;
+    l->shards = shards;
+    pthread_mutex_init(&l->out_lock, NULL);
+    l->ns0 = mono_ns();
+    l->stamp0 = stamp_now();
+    if ((st = emit(l, "# cubuf log 1: time_ns,thread,stream,operation,pointer,size,status")) !=
+        CUBUF_SUCCESS) {
+        cubuf_resource_release(res);
+        return st;
+    }
+    *out = res;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_log_adaptor_flush(cubuf_resource_t *res)
+{
+    CHECK_ARG(res && res->vt == &log_vtbl, "cubuf_log_adaptor_flush: not a logging adaptor");
+    return flush(res->impl);
+}

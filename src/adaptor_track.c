@@ -1,0 +1,214 @@
+/* The tracking adaptor: every outstanding allocation made through it
+ * (cubuf/adaptor.h). The allocations live in pointer maps sharded by
+ * pointer, each under its own spin lock, so threads freeing different
+ * pointers rarely meet. */
+#include <execinfo.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "adaptor_base.h"
+#include "ptrmap.h"
+
+#define TRACK_SHARDS 32
+#define TRACK_FRAMES 24
+
+/* A kept call stack: frame count, then the frames. */
+typedef struct track_trace {
+    int n;
+    void *frames[TRACK_FRAMES];
+} track_trace_t;
+
+typedef struct track_shard {
+    atomic_bool lock;
+    cubuf_ptrmap_t map; /* entry: ptr, size, a = stream, b = track_trace_t * or NULL, c = thread */
+    size_t bytes;
+} track_shard_t;
+
+typedef struct track_adaptor {
+    cubuf_adaptor_t base;
+    bool backtraces;
+    track_shard_t shards[TRACK_SHARDS];
+} track_adaptor_t;
+
+static track_shard_t *shard_of(track_adaptor_t *t, CUdeviceptr p)
+{
+    return &t->shards[((uint64_t)p * 0x9E3779B97F4A7C15ull >> 40) % TRACK_SHARDS];
+}
+
+static void shard_lock(track_shard_t *s)
+{
+    while (atomic_exchange_explicit(&s->lock, true, memory_order_acquire)) sched_yield();
+}
+static void shard_unlock(track_shard_t *s) { atomic_store_explicit(&s->lock, false, memory_order_release); }
+
+static _Thread_local long tls_tid;
+
+static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                     bool in_ctx, cubuf_charge_t *charge)
+{
+    (void)stream;
+    track_adaptor_t *t = res->impl;
+    track_trace_t *trace = NULL;
+    if (t->backtraces) {
+        if (!(trace = cubuf__malloc(sizeof *trace)))
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "tracking adaptor: no memory for a backtrace");
+        trace->n = backtrace(trace->frames, TRACK_FRAMES);
+    }
+    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+    if (st != CUBUF_SUCCESS) {
+        free(trace);
+        return st;
+    }
+    if (__builtin_expect(!tls_tid, 0)) tls_tid = syscall(SYS_gettid);
+    const cubuf_ptr_entry_t e = {buf->ptr, buf->size, buf->dealloc.stream, trace, (uint64_t)tls_tid};
+    track_shard_t *s = shard_of(t, buf->ptr);
+    shard_lock(s);
+    st = cubuf__ptrmap_insert(&s->map, &e);
+    if (st == CUBUF_SUCCESS) s->bytes += buf->size;
+    shard_unlock(s);
+    if (st != CUBUF_SUCCESS) { /* untracked memory must not leave: give it back */
+        cubuf_charge_t back;
+        if (cubuf__adaptor_up_deallocate(res, buf, &buf->dealloc, &back) != CUBUF_SUCCESS)
+            cubuf__warn(st, "tracking adaptor: an allocation it could not track could not be freed");
+        buf->ptr = 0;
+        free(trace);
+    }
+    return st;
+}
+
+static cubuf_status_t track_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                       const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    track_adaptor_t *t = res->impl;
+    track_shard_t *s = shard_of(t, buf->ptr);
+    cubuf_ptr_entry_t e;
+    shard_lock(s);
+    bool found = cubuf__ptrmap_remove(&s->map, buf->ptr, &e);
+    if (found && e.size != buf->size) {
+        (void)cubuf__ptrmap_insert(&s->map, &e); /* room: it was just removed */
+        found = false;
+    }
+    shard_unlock(s);
+    if (!found)
+        return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                           "tracking adaptor: 0x%llx with %zu bytes is not an outstanding "
+                           "allocation of it; nothing was freed",
+                           (unsigned long long)buf->ptr, buf->size);
+    cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
+    shard_lock(s);
+    if (st == CUBUF_SUCCESS) s->bytes -= e.size;
+    else (void)cubuf__ptrmap_insert(&s->map, &e); /* still outstanding */
+    shard_unlock(s);
+    if (st == CUBUF_SUCCESS) free(e.b);
+    return st;
+}
+
+static void totals(track_adaptor_t *t, size_t *count, size_t *bytes)
+{
+    *count = *bytes = 0;
+    for (int i = 0; i < TRACK_SHARDS; i++) {
+        track_shard_t *s = &t->shards[i];
+        shard_lock(s);
+        *count += s->map.used;
+        *bytes += s->bytes;
+        shard_unlock(s);
+    }
+}
+
+static void track_destroy(cubuf_resource_t *res)
+{
+    track_adaptor_t *t = res->impl;
+    size_t count, bytes;
+    totals(t, &count, &bytes);
+    if (count) {
+        cubuf__warn(CUBUF_ERROR_BUSY,
+                    "tracking adaptor released with %zu allocation%s (%zu bytes) outstanding; "
+                    "the first:",
+                    count, count == 1 ? "" : "s", bytes);
+        int shown = 0;
+        for (int i = 0; i < TRACK_SHARDS && shown < 8; i++)
+            for (size_t k = 0; k < t->shards[i].map.cap && shown < 8; k++) {
+                const cubuf_ptr_entry_t *e = &t->shards[i].map.slots[k];
+                if (!e->ptr) continue;
+                cubuf__warn(CUBUF_ERROR_BUSY, "  outstanding: 0x%llx, %zu bytes, stream %p, thread %llu",
+                            (unsigned long long)e->ptr, e->size, e->a, (unsigned long long)e->c);
+                shown++;
+            }
+    }
+    for (int i = 0; i < TRACK_SHARDS; i++) {
+        cubuf_ptrmap_t *m = &t->shards[i].map;
+        for (size_t k = 0; k < m->cap; k++)
+            if (m->slots[k].ptr) free(m->slots[k].b);
+        cubuf__ptrmap_free(m);
+    }
+    cubuf__adaptor_destroy(res);
+}
+
+static const cubuf_resource_vtbl_t track_vtbl = {
+    .name = "tracking adaptor",
+    .allocate = track_allocate,
+    .deallocate = track_deallocate,
+    .destroy = track_destroy,
+    .no_adopt = "a tracking adaptor frees only allocations it made and tracks",
+};
+
+cubuf_status_t cubuf_tracking_adaptor_create(cubuf_resource_t *upstream, bool backtraces,
+                                             cubuf_resource_t **out)
+{
+    cubuf_status_t st = cubuf__adaptor_new(upstream, &track_vtbl, sizeof(track_adaptor_t),
+                                           "cubuf_tracking_adaptor_create", out);
+    if (st == CUBUF_SUCCESS) {
+        track_adaptor_t *t = (*out)->impl;
+        t->backtraces = backtraces;
+        if (backtraces) { /* backtrace() loads libgcc on first use: not inside an allocation later */
+            void *f[1];
+            (void)backtrace(f, 1);
+        }
+    }
+    return st;
+}
+
+cubuf_status_t cubuf_tracking_outstanding(const cubuf_resource_t *res, size_t *count, size_t *bytes)
+{
+    CHECK_ARG(res && res->vt == &track_vtbl, "cubuf_tracking_outstanding: not a tracking adaptor");
+    size_t c, b;
+    totals(res->impl, &c, &b);
+    if (count) *count = c;
+    if (bytes) *bytes = b;
+    return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_tracking_report(const cubuf_resource_t *res, FILE *out)
+{
+    static const char what[] = "cubuf_tracking_report";
+    CHECK_ARG(res && res->vt == &track_vtbl && out, "%s: NULL argument or not a tracking adaptor", what);
+    track_adaptor_t *t = res->impl;
+    size_t count, bytes;
+    totals(t, &count, &bytes);
+    bool ok = fprintf(out, "cubuf tracking adaptor: %zu outstanding allocation%s, %zu bytes\n", count,
+                      count == 1 ? "" : "s", bytes) > 0;
+    for (int i = 0; i < TRACK_SHARDS; i++) {
+        track_shard_t *s = &t->shards[i];
+        shard_lock(s);
+        for (size_t k = 0; k < s->map.cap; k++) {
+            const cubuf_ptr_entry_t *e = &s->map.slots[k];
+            if (!e->ptr) continue;
+            ok &= fprintf(out, "0x%llx %zu bytes, stream %p, thread %llu\n", (unsigned long long)e->ptr,
+                          e->size, e->a, (unsigned long long)e->c) > 0;
+            const track_trace_t *tr = e->b;
+            if (!tr) continue;
+            char **names = backtrace_symbols(tr->frames, tr->n);
+            for (int f = 0; f < tr->n; f++)
+                ok &= fprintf(out, "    %s\n", names ? names[f] : "?") > 0;
+            free(names);
+        }
+        shard_unlock(s);
+    }
+    if (fflush(out) != 0) ok = false;
+    if (!ok) return cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: writing the report failed", what);
+    return CUBUF_SUCCESS;
+}

@@ -1,0 +1,187 @@
+/* cubuf as a framework's allocator (cubuf/caching.h): one caching resource
+ * per device over the device's default pool, behind the C signatures of
+ * PyTorch's CUDAPluggableAllocator and CuPy's CFunctionAllocator. */
+#include <pthread.h>
+#include <string.h>
+
+#include "common.h"
+#include "cubuf/caching.h"
+
+#define FW_DEVICES 64
+
+static _Atomic(cubuf_resource_t *) fw_cache[FW_DEVICES];
+static pthread_mutex_t fw_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+cubuf_status_t cubuf_framework_resource(int device, cubuf_resource_t **out)
+{
+    CHECK_ARG(out, "cubuf_framework_resource: NULL argument");
+    if (device < 0 || device >= FW_DEVICES)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                           "cubuf_framework_resource: device %d is not in 0-%d", device,
+                           FW_DEVICES - 1);
+    cubuf_resource_t *r = atomic_load_explicit(&fw_cache[device], memory_order_acquire);
+    cubuf_status_t st = CUBUF_SUCCESS;
+    if (!r) {
+        pthread_mutex_lock(&fw_mutex);
+        r = atomic_load_explicit(&fw_cache[device], memory_order_relaxed);
+        if (!r) {
+            cubuf_resource_t *pool = NULL;
+            st = cubuf_device_resource_create(device, NULL, &pool);
+            if (st == CUBUF_SUCCESS) st = cubuf_caching_resource_create(pool, NULL, &r);
+            cubuf_resource_release(pool); /* the cache holds it */
+            if (st == CUBUF_SUCCESS) atomic_store_explicit(&fw_cache[device], r, memory_order_release);
+        }
+        pthread_mutex_unlock(&fw_mutex);
+    }
+    if (st == CUBUF_SUCCESS) *out = r;
+    return st;
+}
+
+static inline cubuf_resource_t *fw_get(int device)
+{
+    cubuf_resource_t *r = NULL;
+    if (device >= 0 && device < FW_DEVICES &&
+        (r = atomic_load_explicit(&fw_cache[device], memory_order_acquire)) != NULL)
+        return r;
+    return cubuf_framework_resource(device, &r) == CUBUF_SUCCESS ? r : NULL;
+}
+
+void *cubuf_torch_alloc(size_t size, int device, CUstream stream)
+{
+    cubuf_resource_t *r = fw_get(device);
+    CUdeviceptr p = 0;
+    if (!r || cubuf_caching_allocate(r, size ? size : 1, stream, &p) != CUBUF_SUCCESS) return NULL;
+    return (void *)(uintptr_t)p;
+}
+
+void cubuf_torch_free(void *ptr, size_t size, int device, CUstream stream)
+{
+    if (!ptr) return;
+    cubuf_resource_t *r = fw_get(device);
+    cubuf_status_t st = r ? cubuf_caching_deallocate(r, (CUdeviceptr)(uintptr_t)ptr,
+                                                     size ? size : 1, stream)
+                          : CUBUF_ERROR_OUT_OF_RANGE;
+    if (st != CUBUF_SUCCESS)
+        cubuf__warn(st, "cubuf_torch_free: %p (%zu bytes, device %d) not freed: %s", ptr, size,
+                    device, cubuf_last_error());
+}
+
+/* ---- CuPy: its free passes no size, so live pointers map to their sizes ----
+ * Open addressing with linear probing (key 0 is empty), sharded by the
+ * pointer's hash, each shard under its own mutex. */
+
+#define SHARDS 64
+
+typedef struct shard {
+    pthread_mutex_t mutex;
+    CUdeviceptr *keys;
+    size_t *sizes;
+    size_t cap, n; /* cap: 0 or a power of two */
+} shard_t;
+
+static shard_t shards[SHARDS];
+static pthread_once_t shards_once = PTHREAD_ONCE_INIT;
+
+static void shards_init(void)
+{
+    for (int i = 0; i < SHARDS; i++) pthread_mutex_init(&shards[i].mutex, NULL);
+}
+
+static inline uint64_t ptr_hash(CUdeviceptr p) { return ((uint64_t)p >> 9) * 0x9E3779B97F4A7C15ULL; }
+
+static inline shard_t *shard_of(uint64_t h) { return &shards[h >> 58]; }
+
+static void shard_put(shard_t *s, uint64_t h, CUdeviceptr p, size_t size)
+{
+    size_t i = h & (s->cap - 1);
+    while (s->keys[i]) i = (i + 1) & (s->cap - 1);
+    s->keys[i] = p;
+    s->sizes[i] = size;
+    s->n++;
+}
+
+static bool shard_grow(shard_t *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    CUdeviceptr *keys = cubuf__calloc(cap, sizeof *keys);
+    size_t *sizes = cubuf__calloc(cap, sizeof *sizes);
+    if (!keys || !sizes) {
+        cubuf__free(keys);
+        cubuf__free(sizes);
+        return false;
+    }
+    shard_t old = *s;
+    s->keys = keys;
+    s->sizes = sizes;
+    s->cap = cap;
+    s->n = 0;
+    for (size_t i = 0; i < old.cap; i++)
+        if (old.keys[i]) shard_put(s, ptr_hash(old.keys[i]), old.keys[i], old.sizes[i]);
+    cubuf__free(old.keys);
+    cubuf__free(old.sizes);
+    return true;
+}
+
+/* Removes p; returns its size, 0 when p is not there. */
+static size_t shard_take(shard_t *s, uint64_t h, CUdeviceptr p)
+{
+    if (!s->cap) return 0;
+    size_t mask = s->cap - 1, i = h & mask;
+    while (s->keys[i] && s->keys[i] != p) i = (i + 1) & mask;
+    if (!s->keys[i]) return 0;
+    size_t size = s->sizes[i];
+    /* backward-shift deletion keeps every probe chain unbroken */
+    for (size_t j = (i + 1) & mask; s->keys[j]; j = (j + 1) & mask) {
+        size_t home = ptr_hash(s->keys[j]) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            s->keys[i] = s->keys[j];
+            s->sizes[i] = s->sizes[j];
+            i = j;
+        }
+    }
+    s->keys[i] = 0;
+    s->n--;
+    return size;
+}
+
+void *cubuf_cupy_malloc(void *param, size_t size, int device)
+{
+    (void)param;
+    pthread_once(&shards_once, shards_init);
+    cubuf_resource_t *r = fw_get(device);
+    CUdeviceptr p = 0;
+    if (!size) size = 1;
+    if (!r || cubuf_caching_allocate(r, size, CU_STREAM_LEGACY, &p) != CUBUF_SUCCESS) return NULL;
+    uint64_t h = ptr_hash(p);
+    shard_t *s = shard_of(h);
+    pthread_mutex_lock(&s->mutex);
+    bool ok = (s->n + 1) * 2 <= s->cap || shard_grow(s);
+    if (ok) shard_put(s, h, p, size);
+    pthread_mutex_unlock(&s->mutex);
+    if (!ok) {
+        (void)cubuf_caching_deallocate(r, p, size, CU_STREAM_LEGACY);
+        cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cubuf_cupy_malloc: cannot grow the pointer table");
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+void cubuf_cupy_free(void *param, void *ptr, int device)
+{
+    (void)param;
+    if (!ptr) return;
+    pthread_once(&shards_once, shards_init);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    uint64_t h = ptr_hash(p);
+    shard_t *s = shard_of(h);
+    pthread_mutex_lock(&s->mutex);
+    size_t size = shard_take(s, h, p);
+    pthread_mutex_unlock(&s->mutex);
+    cubuf_resource_t *r = fw_get(device);
+    cubuf_status_t st = !size ? cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "not allocated by cubuf_cupy_malloc")
+                        : r   ? cubuf_caching_deallocate(r, p, size, CU_STREAM_LEGACY)
+                              : CUBUF_ERROR_OUT_OF_RANGE;
+    if (st != CUBUF_SUCCESS)
+        cubuf__warn(st, "cubuf_cupy_free: %p (device %d) not freed: %s", ptr, device,
+                    cubuf_last_error());
+}

@@ -1,0 +1,28 @@
+/* Accessors of private state for tests and benchmarks (inspect.h). */
+#include "inspect.h"
+#include "internal.h"
+
+void cubuf__inspect_dealloc(const cubuf_buffer_t *buf, CUstream *stream, CUcontext *ctx)
+{
+    *stream = buf->dealloc.stream;
+    *ctx = buf->dealloc.ctx;
+}
+
+int cubuf__inspect_buffer_refs(const cubuf_buffer_t *buf) { return atomic_load(&buf->refs); }
+
+int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }
+
+size_t cubuf__inspect_resource_refs(cubuf_resource_t *res)
+{
+    cubuf__resource_lock(res);
+    size_t n = res->refs;
+    cubuf__resource_unlock(res);
+    return n;
+}
+
+CUdevice cubuf__inspect_context_device(const cubuf_context_t *ctx) { return ctx->device; }
+
+cubuf_resource_t *cubuf__inspect_context_pool(const cubuf_context_t *ctx, bool host)
+{
+    return (cubuf_resource_t *)atomic_load(host ? &ctx->host_pool : &ctx->device_pool);
+}

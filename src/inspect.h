@@ -1,0 +1,22 @@
+/* What tests and benchmarks may read of cubuf's private state, through
+ * functions rather than struct fields, so the structs can change without
+ * them (inspect.c). Private: never installed. */
+#ifndef CUBUF_INSPECT_H
+#define CUBUF_INSPECT_H
+
+#include "common.h"
+
+/* The recorded deallocation stream of buf and the context a default stream
+ * was bound to (NULL for other streams). */
+void cubuf__inspect_dealloc(const cubuf_buffer_t *buf, CUstream *stream, CUcontext *ctx);
+/* References to buf, and its open slices (views with it as base). */
+int cubuf__inspect_buffer_refs(const cubuf_buffer_t *buf);
+int cubuf__inspect_open_slices(const cubuf_buffer_t *buf);
+/* References to res (callers and open buffers). */
+size_t cubuf__inspect_resource_refs(cubuf_resource_t *res);
+/* The device of a context, and its device pool or pinned host pool
+ * resource (NULL until first used; not a new reference). */
+CUdevice cubuf__inspect_context_device(const cubuf_context_t *ctx);
+cubuf_resource_t *cubuf__inspect_context_pool(const cubuf_context_t *ctx, bool host);
+
+#endif

@@ -1,0 +1,72 @@
+/* The pointer map (ptrmap.h). */
+#include <stdlib.h>
+
+#include "ptrmap.h"
+
+static size_t home_of(CUdeviceptr p, size_t cap)
+{
+    uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing: allocations share low bits */
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+static void put(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    size_t i = home_of(e->ptr, m->cap);
+    while (m->slots[i].ptr) i = (i + 1) & (m->cap - 1);
+    m->slots[i] = *e;
+    m->used++;
+}
+
+cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    if (2 * (m->used + 1) > m->cap) {
+        size_t ncap = m->cap ? 2 * m->cap : 64;
+        cubuf_ptr_entry_t *ns = cubuf__calloc(ncap, sizeof *ns);
+        if (!ns) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot grow a pointer map to %zu slots", ncap);
+        cubuf_ptr_entry_t *old = m->slots;
+        size_t ocap = m->cap;
+        m->slots = ns;
+        m->cap = ncap;
+        m->used = 0;
+        for (size_t i = 0; i < ocap; i++)
+            if (old[i].ptr) put(m, &old[i]);
+        free(old);
+    }
+    put(m, e);
+    return CUBUF_SUCCESS;
+}
+
+/* Backward-shift deletion: entries after the hole that may move into it
+ * do, so lookups never need tombstones. */
+bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e)
+{
+    if (!m->cap || !ptr) return false;
+    const size_t mask = m->cap - 1;
+    size_t i = home_of(ptr, m->cap);
+    while (m->slots[i].ptr && m->slots[i].ptr != ptr) i = (i + 1) & mask;
+    if (!m->slots[i].ptr) return false;
+    *e = m->slots[i];
+    for (size_t j = i;;) {
+        m->slots[i].ptr = 0;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!m->slots[j].ptr) {
+                m->used--;
+                return true;
+            }
+            size_t h = home_of(m->slots[j].ptr, m->cap);
+            /* the entry at j stays when its home lies cyclically in (i, j] */
+            bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+            if (!stays) break;
+        }
+        m->slots[i] = m->slots[j];
+        i = j;
+    }
+}
+
+void cubuf__ptrmap_free(cubuf_ptrmap_t *m)
+{
+    free(m->slots);
+    m->slots = NULL;
+    m->cap = m->used = 0;
+}

@@ -1,0 +1,183 @@
+/* Resources: the vtable every resource implements, the one allocation path, statistics (resource.c). Private: never installed. */
+#ifndef CUBUF_RESOURCE_H
+#define CUBUF_RESOURCE_H
+
+#include "context.h"
+#include "stream_token.h"
+
+/* ---- the vtable ---------------------------------------------------------- */
+
+struct cubuf_ipc_descriptor;
+
+/* What one allocation or free moved, for the statistics: bytes and
+ * allocations the resource took from (or gave back to) what is below it.
+ * The path presets {size, 1}; a resource whose memory differs from the
+ * request says so (virtual memory rounds to its granularity and counts
+ * physical allocations; an adaptor passes on what its upstream reported). */
+typedef struct cubuf_charge {
+    size_t bytes;
+    size_t count;
+} cubuf_charge_t;
+
+/* What a resource is: every operation that differs between resource kinds
+ * is an entry here, so a new kind touches no other code.
+ *
+ * allocate: the one allocation path's resource step. buf is the allocation
+ * record: a buffer object, or for a raw allocation a record on the caller's
+ * stack (see raw_keeps_buffer). It sets buf->ptr (and buf->impl) for
+ * buf->size > 0 bytes ordered on `stream`; buf->dealloc already holds the
+ * stream with a default stream bound to its context, and `in_ctx` says
+ * that context (or, for a user stream, the caller's) is current. On
+ * failure it leaves nothing allocated.
+ * deallocate: frees buf's memory ordered on `token`. It may refuse (the
+ * allocation stays) by returning an error before changing anything.
+ * Both may change *charge (preset to {buf->size, 1}). */
+typedef struct cubuf_resource_vtbl {
+    const char *name; /* "device pool", ...: for messages */
+    cubuf_status_t (*allocate)(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                               bool in_ctx, cubuf_charge_t *charge);
+    cubuf_status_t (*deallocate)(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                 const cubuf_stream_token_t *token, cubuf_charge_t *charge);
+    /* Optional: frees the resource's own state when its last reference goes. */
+    void (*destroy)(cubuf_resource_t *res);
+    /* Optional: stores a new deallocation token where other threads may read
+     * it (VMM aliases read each other's under the range lock). NULL: a plain
+     * store into buf->dealloc. */
+    void (*set_token)(cubuf_resource_t *res, cubuf_buffer_t *buf, const cubuf_stream_token_t *token);
+    /* Optional: an IPC descriptor for [offset, offset+size) of root, a
+     * buffer this resource allocated (ipc.c has the mechanisms). NULL: the
+     * memory cannot be shared, for the reason in no_export (NULL: the
+     * general one). */
+    cubuf_status_t (*export_ipc)(const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                 struct cubuf_ipc_descriptor **out);
+    const char *no_export;
+    /* Why cubuf_buffer_wrap cannot hand this resource memory it did not
+     * allocate (its deallocate needs state only its own allocations carry);
+     * NULL: it can. */
+    const char *no_adopt;
+    /* Allocations carry state a (pointer, size) cannot give back (buf->impl),
+     * so a raw allocation keeps a buffer object, found again by pointer on
+     * deallocate (resource.c); without it a raw allocation is a record on
+     * the stack and costs no more than the buffer path. */
+    bool raw_keeps_buffer;
+    /* Optional: the CUmemoryPool behind the resource (pool resources). */
+    CUmemoryPool (*pool)(const cubuf_resource_t *res);
+} cubuf_resource_vtbl_t;
+
+/* ---- the resource ---------------------------------------------------------- */
+
+/* Usage counters. Signed: a statistics scope (adaptor.h) sees frees of
+ * allocations made before it was pushed. */
+typedef struct cubuf_tally {
+    int64_t bytes, peak_bytes, count, peak_count; /* current and high-water, allocated bytes */
+    int64_t req_bytes, peak_req_bytes;            /* the same of requested bytes */
+    uint64_t total_count, total_bytes, total_req_bytes;
+} cubuf_tally_t;
+
+/* A pushed statistics scope (adaptor_stats.c): counts what happens after
+ * its push; the innermost one is updated with the resource's tally. */
+typedef struct cubuf_scope {
+    cubuf_tally_t tally;
+    struct cubuf_scope *outer;
+} cubuf_scope_t;
+
+struct cubuf_raw_map; /* resource.c: raw allocations of raw_keeps_buffer resources */
+
+struct cubuf_resource {
+    const cubuf_resource_vtbl_t *vt;
+    cubuf_resource_props_t props;
+    cubuf_context_t *ctx; /* device context (retained), NULL for user resources */
+    /* References, statistics and the cap, under one spin lock (resource.c says why). */
+    atomic_bool lock;
+    size_t refs; /* holders: callers and open buffers */
+    cubuf_tally_t tally;
+    cubuf_scope_t *scope; /* innermost pushed scope or NULL (statistics adaptors) */
+    size_t cap;           /* bytes the resource may have allocated; SIZE_MAX: no cap (limiting adaptors) */
+    struct cubuf_raw_map *raw;
+    void *impl; /* kind-specific state */
+    unsigned char ipc_pool_id[16]; /* pools: IPC identity, random, set on first export (ipc.c) */
+};
+
+/* Allocates a zeroed resource with one reference, holding `ctx` (NULL for
+ * none), and `impl_size` zeroed bytes of state in the same allocation
+ * (res->impl points there; 0: impl NULL, for the resource to set). */
+cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx,
+                                   size_t impl_size, cubuf_resource_t **out);
+/* The resource lock (resource.c says why one lock). Inline: it sits on the
+ * allocation hot path. The slow path spins, then yields. */
+void cubuf__resource_lock_wait(cubuf_resource_t *res);
+static inline void cubuf__resource_lock(cubuf_resource_t *res)
+{
+    if (atomic_exchange_explicit(&res->lock, true, memory_order_acquire))
+        cubuf__resource_lock_wait(res);
+}
+static inline void cubuf__resource_unlock(cubuf_resource_t *res)
+{
+    atomic_store_explicit(&res->lock, false, memory_order_release);
+}
+
+/* The counting: the only code that changes a tally. `sign` +1 for an
+ * allocation of `requested` bytes that moved `charge`, -1 for its free. The
+ * lock is held. */
+static inline void cubuf__tally_move(cubuf_tally_t *t, int sign, size_t requested,
+                                     const cubuf_charge_t *charge)
+{
+    t->bytes += sign * (int64_t)charge->bytes;
+    t->count += sign * (int64_t)charge->count;
+    t->req_bytes += sign * (int64_t)requested;
+    if (sign > 0) {
+        t->total_count += charge->count;
+        t->total_bytes += charge->bytes;
+        t->total_req_bytes += requested;
+        if (t->bytes > t->peak_bytes) t->peak_bytes = t->bytes;
+        if (t->count > t->peak_count) t->peak_count = t->count;
+        if (t->req_bytes > t->peak_req_bytes) t->peak_req_bytes = t->req_bytes;
+    }
+}
+static inline void cubuf__count_locked(cubuf_resource_t *res, int sign, size_t requested,
+                                       const cubuf_charge_t *charge)
+{
+    cubuf__tally_move(&res->tally, sign, requested, charge);
+    if (__builtin_expect(res->scope != NULL, 0))
+        cubuf__tally_move(&res->scope->tally, sign, requested, charge);
+}
+/* The same, taking the lock: memory a resource makes or drops outside the
+ * allocation path (a VMM grow, an IPC import). */
+void cubuf__resource_count(cubuf_resource_t *res, int sign, size_t requested,
+                           const cubuf_charge_t *charge);
+
+/* Frees a resource whose last reference is gone. */
+void cubuf__resource_destroy(cubuf_resource_t *res);
+/* Drops a reference taken with cubuf_resource_retain or by a buffer. */
+static inline void cubuf__resource_unref(cubuf_resource_t *res)
+{
+    if (!res) return;
+    cubuf__resource_lock(res);
+    bool last = --res->refs == 0;
+    cubuf__resource_unlock(res);
+    if (last) cubuf__resource_destroy(res);
+}
+
+/* ---- the one allocation path (resource.c) ------------------------------------ */
+
+/* cubuf_resource_allocate for callers that already made `current` current
+ * (a default stream then binds to it with no driver query); NULL: unknown. */
+cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUstream stream,
+                                        CUcontext current, cubuf_buffer_t **out);
+/* The free of a buffer's memory (close): the resource's deallocate, then the
+ * statistics and the buffer's reference on the resource. On failure nothing
+ * changed. */
+cubuf_status_t cubuf__resource_free_buffer(cubuf_resource_t *res, cubuf_buffer_t *buf);
+/* Takes over [ptr, ptr+size) for buf (cubuf_buffer_wrap): counted, held. */
+void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf);
+
+/* The raw path one layer down, for resources over an upstream (adaptors):
+ * `on` is the stream already bound (cubuf__stream_record, or the token the
+ * caller's allocation was given), `in_ctx` as for vtbl allocate. *charge
+ * receives what the upstream moved. */
+cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
+                                   bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge);
+cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
+                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge);
+
+#endif

@@ -1,0 +1,707 @@
+/* The raw-pointer interface and the resource adaptors over a host-memory
+ * user resource: statistics and scopes, the cap, the log parsed back, the
+ * tracker's report, the failure callback's retry, fault injection through
+ * each adaptor, and 8 threads through a stack with exact totals. Needs no
+ * driver (test_adaptor_gpu has the device parts). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test.h"
+
+/* ---- the upstream: host memory, counting what it holds ---- */
+
+typedef struct host_up {
+    atomic_long allocs, frees, live, live_bytes, max_live_bytes;
+    atomic_long fail_next;  /* > 0: that many allocations fail with OUT_OF_MEMORY */
+    size_t budget;          /* 0: none; else allocations past budget live bytes fail */
+} host_up_t;
+
+static cubuf_status_t up_alloc(void *state, size_t size, CUstream s, CUdeviceptr *p)
+{
+    (void)s;
+    host_up_t *h = state;
+    if (atomic_load(&h->fail_next) > 0) {
+        atomic_fetch_sub(&h->fail_next, 1);
+        return CUBUF_ERROR_OUT_OF_MEMORY;
+    }
+    if (h->budget && (size_t)atomic_load(&h->live_bytes) + size > h->budget) return CUBUF_ERROR_OUT_OF_MEMORY;
+    void *m = malloc(size);
+    if (!m) return CUBUF_ERROR_OUT_OF_MEMORY;
+    memset(m, 0xab, size < 64 ? size : 64);
+    atomic_fetch_add(&h->allocs, 1);
+    atomic_fetch_add(&h->live, 1);
+    long now = atomic_fetch_add(&h->live_bytes, (long)size) + (long)size;
+    long max = atomic_load(&h->max_live_bytes);
+    while (now > max && !atomic_compare_exchange_weak(&h->max_live_bytes, &max, now)) {
+    }
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t up_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    (void)s;
+    host_up_t *h = state;
+    free((void *)(uintptr_t)p);
+    atomic_fetch_add(&h->frees, 1);
+    atomic_fetch_sub(&h->live, 1);
+    atomic_fetch_sub(&h->live_bytes, (long)size);
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_resource_t *host_upstream(host_up_t *h)
+{
+    memset(h, 0, sizeof *h);
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, up_alloc, up_free, NULL};
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    p.host_accessible = true; /* host memory: no stream is ever bound */
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, &p, h, &r));
+    return r;
+}
+
+static cubuf_statistics_t stats_of(cubuf_resource_t *r)
+{
+    cubuf_statistics_t s = CUBUF_STATISTICS_INIT;
+    T_OK(cubuf_statistics_get(r, &s));
+    return s;
+}
+
+#define T_STAT(r, CUR, PEAK, CNT, TCNT, TBYTES)                                        \
+    do {                                                                                          \
+        cubuf_statistics_t s_ = stats_of(r);                                                      \
+        if (s_.current_bytes != (CUR) || s_.peak_bytes != (PEAK) || s_.current_count != (CNT) ||  \
+            s_.total_count != (uint64_t)(TCNT) || s_.total_bytes != (uint64_t)(TBYTES)) { \
+            fprintf(stderr, "%s:%d: statistics %lld/%lld bytes, %lld live, %llu/%llu total; "     \
+                    "expected %lld/%lld, %lld, %llu/%llu\n", __FILE__, __LINE__,                 \
+                    (long long)s_.current_bytes, (long long)s_.peak_bytes,                       \
+                    (long long)s_.current_count, (unsigned long long)s_.total_count,             \
+                    (unsigned long long)s_.total_bytes, (long long)(CUR), (long long)(PEAK),      \
+                    (long long)(CNT), (unsigned long long)(TCNT),                            \
+                    (unsigned long long)(TBYTES));                                          \
+            t_failures++;                                                                         \
+        }                                                                                         \
+    } while (0)
+
+/* ---- the raw-pointer interface ---- */
+
+static void test_raw(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h);
+    CUdeviceptr p = 0, q = 0;
+    T_STATUS(cubuf_resource_allocate_raw(NULL, 8, NULL, &p), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_allocate_raw(up, 8, NULL, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_allocate_raw(up, 0, NULL, &p), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(p == 0 && h.allocs == 0);
+    T_OK(cubuf_resource_allocate_raw(up, 100, NULL, &p));
+    T_OK(cubuf_resource_allocate_raw(up, 300, NULL, &q));
+    T_CHECK(p && q && p != q && h.live == 2);
+    T_CHECK(((unsigned char *)(uintptr_t)p)[0] == 0xab);
+    T_STAT(up, 400, 400, 2, 2, 400);
+    T_STATUS(cubuf_resource_deallocate_raw(up, 0, 8, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_deallocate_raw(up, p, 0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_deallocate_raw(NULL, p, 100, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_resource_deallocate_raw(up, p, 100, NULL));
+    T_CHECK(h.frees == 1);
+    T_STAT(up, 300, 400, 1, 2, 400);
+    /* Raw allocations and buffers count alike. */
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(up, 50, NULL, &b));
+    T_STAT(up, 350, 400, 2, 3, 450);
+    cubuf_buffer_release(b);
+    T_OK(cubuf_resource_deallocate_raw(up, q, 300, NULL));
+    T_CHECK(h.frees == 3 && h.live == 0);
+    T_STAT(up, 0, 400, 0, 3, 450);
+    cubuf_statistics_t s = stats_of(up);
+    T_CHECK(s.current_requested == 0 && s.peak_requested == 400 && s.total_requested == 450);
+    cubuf_resource_release(up);
+}
+
+/* ---- statistics ---- */
+
+static void test_statistics(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *st = NULL;
+    T_STATUS(cubuf_statistics_adaptor_create(NULL, &st), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_statistics_adaptor_create(up, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_statistics_adaptor_create(up, &st));
+    cubuf_resource_props_t pu = CUBUF_RESOURCE_PROPS_INIT, pa = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(up, &pu));
+    T_OK(cubuf_resource_props(st, &pa));
+    T_CHECK(memcmp(&pu, &pa, sizeof pu) == 0);
+    /* The adaptor holds its upstream: released first here, it lives on. */
+    cubuf_resource_release(up);
+
+    cubuf_buffer_t *a = NULL, *b = NULL, *c = NULL;
+    T_OK(cubuf_resource_allocate(st, 1000, NULL, &a));
+    T_OK(cubuf_resource_allocate(st, 24, NULL, &b));
+    T_STAT(st, 1024, 1024, 2, 2, 1024);
+    T_OK(cubuf_buffer_close(a));
+    T_STAT(st, 24, 1024, 1, 2, 1024);
+    T_OK(cubuf_statistics_reset_peaks(st));
+    T_STAT(st, 24, 24, 1, 2, 1024);
+
+    /* Scopes: counts from the push; frees of older allocations go negative. */
+    T_STATUS(cubuf_statistics_pop(st, NULL), CUBUF_ERROR_OUT_OF_RANGE);
+    T_OK(cubuf_statistics_push(st));
+    T_STAT(st, 0, 0, 0, 0, 0);
+    T_OK(cubuf_resource_allocate(st, 500, NULL, &c));
+    T_STAT(st, 500, 500, 1, 1, 500);
+    T_OK(cubuf_statistics_push(st));
+    T_OK(cubuf_buffer_close(b));
+    T_STAT(st, -24, 0, -1, 0, 0);
+    cubuf_buffer_t *d = NULL;
+    T_OK(cubuf_resource_allocate(st, 100, NULL, &d));
+    T_STAT(st, 76, 76, 0, 1, 100);
+    cubuf_statistics_t popped = CUBUF_STATISTICS_INIT;
+    T_OK(cubuf_statistics_pop(st, &popped));
+    T_CHECK(popped.current_bytes == 76 && popped.peak_bytes == 76 && popped.total_count == 1);
+    /* Folded into the outer scope: 500 at the push, 576 now, peak 576. */
+    T_STAT(st, 576, 576, 1, 2, 600);
+    T_OK(cubuf_statistics_pop(st, NULL));
+    /* The resource's own figures count everything. */
+    T_STAT(st, 600, 600, 2, 4, 1624); /* its peak was reset at 24 */
+    cubuf_statistics_t small = {.struct_size = 8};
+    T_STATUS(cubuf_statistics_get(st, &small), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_statistics_push(st)); /* left open: freed with the adaptor */
+    T_STATUS(cubuf_statistics_push(up), CUBUF_ERROR_INVALID_ARGUMENT); /* held by st: still alive */
+    T_STATUS(cubuf_statistics_push(NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_buffer_release(a);
+    cubuf_buffer_release(b);
+    cubuf_buffer_release(c);
+    cubuf_buffer_release(d);
+    T_CHECK(h.live == 0 && h.frees == 4);
+    cubuf_resource_release(st);
+}
+
+/* ---- limiting ---- */
+
+static void test_limit(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL;
+    T_STATUS(cubuf_limit_adaptor_create(up, SIZE_MAX, &lim), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_limit_adaptor_create(up, 1000, &lim));
+    CUdeviceptr p = 0, q = 0;
+    T_OK(cubuf_resource_allocate_raw(lim, 600, NULL, &p));
+    T_STATUS(cubuf_resource_allocate_raw(lim, 401, NULL, &q), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(strstr(cubuf_last_error(), "401 bytes") && strstr(cubuf_last_error(), "cap of 1000 bytes") &&
+            strstr(cubuf_last_error(), "600 bytes allocated"));
+    T_CHECK(q == 0 && h.allocs == 1); /* the upstream was not asked */
+    T_OK(cubuf_resource_allocate_raw(lim, 400, NULL, &q));
+    T_STAT(lim, 1000, 1000, 2, 2, 1000);
+    cubuf_buffer_t *b = (cubuf_buffer_t *)&b;
+    T_STATUS(cubuf_resource_allocate(lim, 1, NULL, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(b == (cubuf_buffer_t *)&b);
+    T_OK(cubuf_resource_deallocate_raw(lim, p, 600, NULL));
+    T_OK(cubuf_resource_allocate(lim, 600, NULL, &b));
+    /* An upstream failure gives the admitted bytes back. */
+    cubuf_buffer_release(b);
+    h.fail_next = 1;
+    T_STATUS(cubuf_resource_allocate_raw(lim, 600, NULL, &p), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_STAT(lim, 400, 1000, 1, 3, 1600);
+    T_OK(cubuf_resource_deallocate_raw(lim, q, 400, NULL));
+    T_CHECK(h.live == 0);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
+typedef struct cap_job {
+    cubuf_resource_t *res;
+    unsigned seed;
+    long refused;
+    cubuf_status_t st;
+} cap_job_t;
+
+static void *cap_worker(void *arg)
+{
+    cap_job_t *j = arg;
+    CUdeviceptr held[4] = {0};
+    size_t sizes[4] = {0};
+    for (int i = 0; i < 4000 && j->st == CUBUF_SUCCESS; i++) {
+        int k = i % 4;
+        if (held[k]) {
+            j->st = cubuf_resource_deallocate_raw(j->res, held[k], sizes[k], NULL);
+            held[k] = 0;
+            continue;
+        }
+        sizes[k] = 1 + rand_r(&j->seed) % 1024;
+        cubuf_status_t st = cubuf_resource_allocate_raw(j->res, sizes[k], NULL, &held[k]);
+        if (st == CUBUF_ERROR_OUT_OF_MEMORY) j->refused++;
+        else j->st = st;
+    }
+    for (int k = 0; k < 4; k++)
+        if (held[k] && j->st == CUBUF_SUCCESS) j->st = cubuf_resource_deallocate_raw(j->res, held[k], sizes[k], NULL);
+    return NULL;
+}
+
+/* Concurrent requests never pass the cap together. */
+static void test_limit_threads(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL;
+    T_OK(cubuf_limit_adaptor_create(up, 2048, &lim));
+    pthread_t th[8];
+    cap_job_t jobs[8];
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (cap_job_t){lim, 17u * (unsigned)i + 1, 0, CUBUF_SUCCESS};
+        T_CHECK(pthread_create(&th[i], NULL, cap_worker, &jobs[i]) == 0);
+    }
+    long refused = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        T_OK(jobs[i].st);
+        refused += jobs[i].refused;
+    }
+    T_CHECK(h.max_live_bytes <= 2048 && h.live == 0);
+    T_CHECK(refused > 0); /* even one thread holding 4 of up to 1024 bytes reaches past 2048 */
+    cubuf_statistics_t s = stats_of(lim);
+    T_CHECK(s.current_bytes == 0 && s.current_count == 0 && s.peak_bytes <= 2048 &&
+            s.total_count == (uint64_t)h.allocs);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
+/* ---- logging ---- */
+
+typedef struct lines {
+    pthread_mutex_t lock;
+    char **v;
+    size_t n, cap;
+} lines_t;
+
+static void collect(void *user, const char *line)
+{
+    lines_t *l = user;
+    pthread_mutex_lock(&l->lock);
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->v = realloc(l->v, l->cap * sizeof *l->v);
+    }
+    l->v[l->n++] = strdup(line);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void lines_free(lines_t *l)
+{
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+typedef struct log_line {
+    long long time;
+    int tid;
+    void *stream;
+    char op[16];
+    unsigned long long ptr;
+    size_t size;
+    char status[40];
+} log_line_t;
+
+static bool parse(const char *s, log_line_t *e)
+{
+    return sscanf(s, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%39s", &e->time, &e->tid, &e->stream, e->op,
+                  &e->ptr, &e->size, e->status) == 7;
+}
+
+static void test_log_callback(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    T_STATUS(cubuf_log_adaptor_create(up, &o, &lg), CUBUF_ERROR_INVALID_ARGUMENT); /* neither */
+    o.path = "/tmp/x";
+    o.callback = collect;
+    T_STATUS(cubuf_log_adaptor_create(up, &o, &lg), CUBUF_ERROR_INVALID_ARGUMENT); /* both */
+    o.path = NULL;
+    o.user = &got;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    T_CHECK(got.n == 1 && got.v[0][0] == '#');
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(lg, 123, (CUstream)(uintptr_t)0x40, &p));
+    h.fail_next = 1;
+    CUdeviceptr q = 0;
+    T_STATUS(cubuf_resource_allocate_raw(lg, 77, NULL, &q), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_OK(cubuf_resource_deallocate_raw(lg, p, 123, (CUstream)(uintptr_t)0x80));
+    T_CHECK(got.n == 1); /* kept in memory until a flush */
+    T_OK(cubuf_log_adaptor_flush(lg));
+    T_CHECK(got.n == 4);
+    log_line_t e[3];
+    for (int i = 0; i < 3 && got.n == 4; i++) T_CHECK(parse(got.v[1 + i], &e[i]));
+    if (got.n == 4) {
+        T_CHECK(strcmp(e[0].op, "allocate") == 0 && e[0].ptr == p && e[0].size == 123 &&
+                e[0].stream == (void *)0x40 && strcmp(e[0].status, "CUBUF_SUCCESS") == 0);
+        T_CHECK(strcmp(e[1].op, "allocate") == 0 && e[1].ptr == 0 && e[1].size == 77 &&
+                strcmp(e[1].status, "CUBUF_ERROR_OUT_OF_MEMORY") == 0);
+        T_CHECK(strcmp(e[2].op, "free") == 0 && e[2].ptr == p && e[2].stream == (void *)0x80);
+        T_CHECK(e[0].time <= e[1].time && e[1].time <= e[2].time && e[0].tid == e[2].tid &&
+                e[0].tid > 0);
+    }
+    T_STATUS(cubuf_log_adaptor_flush(up), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* More events than one thread's buffer holds: flushed as it fills. */
+    for (int i = 0; i < 5000; i++) {
+        T_OK(cubuf_resource_allocate_raw(lg, 8, NULL, &p));
+        T_OK(cubuf_resource_deallocate_raw(lg, p, 8, NULL));
+    }
+    T_CHECK(got.n > 4); /* some already out */
+    cubuf_resource_release(lg); /* the last flush */
+    T_CHECK(got.n == 4 + 10000);
+    long long last = 0;
+    bool ordered = true;
+    for (size_t i = 4; i < got.n; i++) {
+        log_line_t x;
+        if (!parse(got.v[i], &x) || x.time < last) ordered = false;
+        last = x.time;
+    }
+    T_CHECK(ordered);
+    T_CHECK(h.live == 0);
+    lines_free(&got);
+    cubuf_resource_release(up);
+}
+
+static void test_log_file(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    char path[] = "/tmp/cubuf_log_XXXXXX";
+    int fd = mkstemp(path);
+    T_CHECK(fd >= 0);
+    close(fd);
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.path = "/nonexistent-dir/log";
+    T_STATUS(cubuf_log_adaptor_create(up, &o, &lg), CUBUF_ERROR_SYSTEM);
+    T_CHECK(strstr(cubuf_last_error(), "/nonexistent-dir/log") != NULL);
+    o.path = path;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(lg, 4096, NULL, &b));
+    CUdeviceptr p = cubuf_buffer_ptr(b);
+    cubuf_buffer_release(b);
+    cubuf_resource_release(lg);
+    FILE *f = fopen(path, "r");
+    T_CHECK(f != NULL);
+    char line[256];
+    int n = 0;
+    log_line_t e[2];
+    while (f && fgets(line, sizeof line, f)) {
+        if (n > 0 && n <= 2) T_CHECK(parse(line, &e[n - 1]));
+        n++;
+    }
+    if (f) fclose(f);
+    T_CHECK(n == 3);
+    if (n == 3)
+        T_CHECK(e[0].ptr == p && e[1].ptr == p && e[0].size == 4096 && strcmp(e[1].op, "free") == 0);
+    unlink(path);
+    cubuf_resource_release(up);
+}
+
+/* ---- tracking ---- */
+
+typedef struct warned {
+    int n;
+    char first[512];
+} warned_t;
+
+static void on_warning(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)st;
+    warned_t *w = user;
+    if (w->n++ == 0) snprintf(w->first, sizeof w->first, "%s", msg);
+}
+
+static void test_tracking(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *tr = NULL;
+    T_OK(cubuf_tracking_adaptor_create(up, true, &tr));
+    CUdeviceptr p = 0, q = 0;
+    T_OK(cubuf_resource_allocate_raw(tr, 100, NULL, &p));
+    T_OK(cubuf_resource_allocate_raw(tr, 200, NULL, &q));
+    size_t n = 0, bytes = 0;
+    T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
+    T_CHECK(n == 2 && bytes == 300);
+    /* A pointer or size it did not hand out: refused, the upstream untouched. */
+    T_STATUS(cubuf_resource_deallocate_raw(tr, p + 8, 100, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_deallocate_raw(tr, p, 99, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "not an outstanding allocation") != NULL);
+    T_CHECK(h.frees == 0);
+    cubuf_buffer_t *b = (cubuf_buffer_t *)&b;
+    T_STATUS(cubuf_buffer_wrap(p, 100, tr, NULL, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* The report: totals, each allocation, its backtrace. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    T_OK(cubuf_tracking_report(tr, mem));
+    fclose(mem);
+    char hex[32];
+    snprintf(hex, sizeof hex, "0x%llx 100 bytes", (unsigned long long)p);
+    T_CHECK(text && strstr(text, "2 outstanding allocations, 300 bytes") && strstr(text, hex) &&
+            strstr(text, "    ")); /* frames */
+    free(text);
+    T_OK(cubuf_resource_deallocate_raw(tr, p, 100, NULL));
+    T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
+    T_CHECK(n == 1 && bytes == 200);
+    T_STATUS(cubuf_tracking_outstanding(up, &n, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* Released with one outstanding: reported as a warning. */
+    warned_t w = {0, ""};
+    cubuf_set_warning_handler(on_warning, &w);
+    cubuf_resource_release(tr);
+    cubuf_set_warning_handler(NULL, NULL);
+    T_CHECK(w.n >= 2 && strstr(w.first, "1 allocation (200 bytes) outstanding"));
+    T_CHECK(h.frees == 1 && h.live == 1); /* the caller's leak stays the caller's */
+    T_OK(up_free(&h, q, 200, NULL));
+    cubuf_resource_release(up);
+}
+
+/* ---- failure callback ---- */
+
+typedef struct rescuer {
+    cubuf_resource_t *res;
+    CUdeviceptr held;
+    size_t held_size;
+    int calls;
+    bool agree;
+} rescuer_t;
+
+static bool rescue(void *user, size_t size, unsigned attempt)
+{
+    rescuer_t *r = user;
+    r->calls++;
+    if (!r->agree || attempt > 2) return false;
+    if (r->held) { /* free what it holds, through the adaptor itself */
+        T_OK(cubuf_resource_deallocate_raw(r->res, r->held, r->held_size, NULL));
+        r->held = 0;
+    }
+    return size > 0;
+}
+
+static void test_failure_callback(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *fa = NULL;
+    h.budget = 1000;
+    rescuer_t r = {NULL, 0, 0, 0, true};
+    T_STATUS(cubuf_failure_adaptor_create(up, NULL, &r, &fa), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_failure_adaptor_create(up, rescue, &r, &fa));
+    r.res = fa;
+    T_OK(cubuf_resource_allocate_raw(fa, 800, NULL, &r.held));
+    r.held_size = 800;
+    CUdeviceptr p = 0;
+    T_CHECK(r.calls == 0);
+    T_OK(cubuf_resource_allocate_raw(fa, 600, NULL, &p)); /* fails, the callback frees 800, retried */
+    T_CHECK(r.calls == 1 && r.held == 0 && h.live == 1 && p != 0);
+    T_STAT(fa, 600, 800, 1, 2, 1400);
+    /* Past what freeing can give: the callback is asked again, then declines. */
+    CUdeviceptr q = 0;
+    T_STATUS(cubuf_resource_allocate_raw(fa, 2000, NULL, &q), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(r.calls == 4 && q == 0);
+    T_CHECK(strstr(cubuf_last_error(), "declined a retry after 3 attempts") != NULL);
+    r.agree = false;
+    T_STATUS(cubuf_resource_allocate_raw(fa, 2000, NULL, &q), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(r.calls == 5);
+    T_OK(cubuf_resource_deallocate_raw(fa, p, 600, NULL));
+    T_CHECK(h.live == 0);
+    T_STAT(fa, 0, 800, 0, 2, 1400);
+    cubuf_resource_release(fa);
+    cubuf_resource_release(up);
+}
+
+/* ---- host allocation faults through each adaptor ---- */
+
+typedef cubuf_status_t (*make_fn)(cubuf_resource_t *up, void *arg, cubuf_resource_t **out);
+
+static cubuf_status_t make_stats(cubuf_resource_t *up, void *arg, cubuf_resource_t **out)
+{
+    (void)arg;
+    return cubuf_statistics_adaptor_create(up, out);
+}
+static cubuf_status_t make_limit(cubuf_resource_t *up, void *arg, cubuf_resource_t **out)
+{
+    (void)arg;
+    return cubuf_limit_adaptor_create(up, 1 << 20, out);
+}
+static void drop_line(void *user, const char *line) { (void)user, (void)line; }
+static cubuf_status_t make_log(cubuf_resource_t *up, void *arg, cubuf_resource_t **out)
+{
+    (void)arg;
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = drop_line;
+    return cubuf_log_adaptor_create(up, &o, out);
+}
+static cubuf_status_t make_track(cubuf_resource_t *up, void *arg, cubuf_resource_t **out)
+{
+    return cubuf_tracking_adaptor_create(up, arg != NULL, out);
+}
+static bool never(void *user, size_t size, unsigned attempt)
+{
+    (void)user, (void)size, (void)attempt;
+    return false;
+}
+static cubuf_status_t make_failure(cubuf_resource_t *up, void *arg, cubuf_resource_t **out)
+{
+    (void)arg;
+    return cubuf_failure_adaptor_create(up, never, NULL, out);
+}
+
+/* Every host allocation of creating an adaptor, 70 raw allocations and a
+ * buffer through it, and releasing it, failed in turn: each step fails
+ * cleanly or succeeds, and nothing is left in the upstream. */
+static void test_faults(void)
+{
+    const struct {
+        const char *name;
+        make_fn make;
+        void *arg;
+    } kinds[] = {{"statistics", make_stats, NULL}, {"limiting", make_limit, NULL}, {"logging", make_log, NULL},
+                 {"tracking", make_track, NULL},   {"tracking+backtraces", make_track, (void *)1},
+                 {"failure", make_failure, NULL}};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        int fired = 0;
+        for (unsigned nth = 1; nth < 400; nth++) {
+            host_up_t h;
+            cubuf_resource_t *up = host_upstream(&h), *ad = NULL;
+            cubuf_fault_fail_alloc_nth(nth);
+            cubuf_status_t st = kinds[k].make(up, kinds[k].arg, &ad);
+            CUdeviceptr p[70] = {0};
+            cubuf_buffer_t *b = NULL;
+            if (st == CUBUF_SUCCESS) {
+                for (int i = 0; i < 70; i++) {
+                    cubuf_status_t ast = cubuf_resource_allocate_raw(ad, 16 + (size_t)i, NULL, &p[i]);
+                    T_CHECK(ast == CUBUF_SUCCESS || ast == CUBUF_ERROR_OUT_OF_MEMORY);
+                    if (ast != CUBUF_SUCCESS) p[i] = 0;
+                }
+                cubuf_status_t bst = cubuf_resource_allocate(ad, 64, NULL, &b);
+                T_CHECK(bst == CUBUF_SUCCESS || bst == CUBUF_ERROR_OUT_OF_MEMORY);
+                for (int i = 0; i < 70; i++)
+                    if (p[i]) T_OK(cubuf_resource_deallocate_raw(ad, p[i], 16 + (size_t)i, NULL));
+                cubuf_buffer_release(b);
+            } else {
+                T_CHECK(st == CUBUF_ERROR_OUT_OF_MEMORY && ad == NULL);
+            }
+            bool hit = cubuf_fault_fired();
+            cubuf_fault_reset();
+            cubuf_resource_release(ad);
+            T_CHECK(h.live == 0);
+            cubuf_resource_release(up);
+            if (!hit) break;
+            fired++;
+        }
+        printf("  %s: %d host allocation(s) failed in turn\n", kinds[k].name, fired);
+        T_CHECK(fired > 0);
+    }
+}
+
+/* ---- a stack, 8 threads, exact totals ---- */
+
+typedef struct stack_job {
+    cubuf_resource_t *top;
+    unsigned seed;
+    uint64_t bytes, count;
+    cubuf_status_t st;
+} stack_job_t;
+
+static void *stack_worker(void *arg)
+{
+    stack_job_t *j = arg;
+    for (int i = 0; i < 3000 && j->st == CUBUF_SUCCESS; i++) {
+        size_t size = 1 + rand_r(&j->seed) % 2048;
+        if (i % 3 == 0) {
+            cubuf_buffer_t *b = NULL;
+            if ((j->st = cubuf_resource_allocate(j->top, size, NULL, &b)) != CUBUF_SUCCESS) break;
+            memset((void *)(uintptr_t)cubuf_buffer_ptr(b), 1, size);
+            j->st = cubuf_buffer_close(b);
+            cubuf_buffer_release(b);
+        } else {
+            CUdeviceptr p = 0;
+            if ((j->st = cubuf_resource_allocate_raw(j->top, size, NULL, &p)) != CUBUF_SUCCESS) break;
+            j->st = cubuf_resource_deallocate_raw(j->top, p, size, NULL);
+        }
+        j->bytes += size;
+        j->count++;
+    }
+    return NULL;
+}
+
+static void test_stack_threads(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *log = NULL, *track = NULL, *lim = NULL, *stats = NULL;
+    lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = collect;
+    o.user = &got;
+    T_OK(cubuf_log_adaptor_create(up, &o, &log));
+    T_OK(cubuf_tracking_adaptor_create(log, false, &track));
+    T_OK(cubuf_limit_adaptor_create(track, (size_t)1 << 30, &lim));
+    T_OK(cubuf_statistics_adaptor_create(lim, &stats));
+    pthread_t th[8];
+    stack_job_t jobs[8];
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (stack_job_t){stats, 31u * (unsigned)i + 5, 0, 0, CUBUF_SUCCESS};
+        T_CHECK(pthread_create(&th[i], NULL, stack_worker, &jobs[i]) == 0);
+    }
+    uint64_t bytes = 0, count = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        T_OK(jobs[i].st);
+        bytes += jobs[i].bytes;
+        count += jobs[i].count;
+    }
+    T_CHECK(count == 8 * 3000);
+    cubuf_resource_t *layers[4] = {stats, lim, track, log};
+    for (int i = 0; i < 4; i++) {
+        cubuf_statistics_t s = stats_of(layers[i]);
+        T_CHECK(s.current_bytes == 0 && s.current_count == 0 && s.total_count == count &&
+                s.total_bytes == bytes && s.total_requested == bytes);
+    }
+    size_t n = 1;
+    T_OK(cubuf_tracking_outstanding(track, &n, NULL));
+    T_CHECK(n == 0 && h.live == 0 && (uint64_t)h.allocs == count);
+    cubuf_resource_release(stats);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(track);
+    cubuf_resource_release(log);
+    T_CHECK(got.n == 1 + 2 * count);
+    /* Each thread's events appear in its own order: allocate, free, allocate, ... */
+    int last_op[1 << 16];
+    memset(last_op, -1, sizeof last_op);
+    bool alternates = true;
+    for (size_t i = 1; i < got.n; i++) {
+        log_line_t e;
+        if (!parse(got.v[i], &e)) {
+            alternates = false;
+            break;
+        }
+        int op = strcmp(e.op, "free") == 0;
+        int *prev = &last_op[e.tid & 0xffff];
+        if (*prev == op) alternates = false;
+        *prev = op;
+    }
+    T_CHECK(alternates);
+    lines_free(&got);
+    cubuf_resource_release(up);
+}
+
+int main(void)
+{
+    test_raw();
+    test_statistics();
+    test_limit();
+    test_limit_threads();
+    test_log_callback();
+    test_log_file();
+    test_tracking();
+    test_failure_callback();
+    test_faults();
+    test_stack_threads();
+    return t_finish("test_adaptor");
+}

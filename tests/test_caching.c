@@ -1,0 +1,557 @@
+/* The caching resource over a user upstream of host memory: size classes,
+ * hits and misses, the large-request rule, cross-stream reuse, trim, the
+ * release threshold, out-of-memory release-and-retry with its report,
+ * faults on every upstream call and host allocation leaving nothing
+ * leaked, and 16 threads with exact totals. Host memory is not device
+ * accessible, so the cache makes no driver call: this runs everywhere.
+ * (The device parts are in test_caching_gpu.c.) */
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cubuf/caching.h"
+#include "test.h"
+
+/* ---- the upstream: host memory with a byte limit and an injected failure ---- */
+
+typedef struct host_up {
+    pthread_mutex_t mutex;
+    size_t limit;        /* out of memory beyond this many live bytes */
+    size_t live_bytes;
+    long live, allocs, deallocs, calls, destroys;
+    long fail_at;        /* the fail_at-th call from now (alloc or dealloc) fails */
+    size_t last_alloc_size, last_dealloc_size;
+    CUstream last_stream;
+} host_up_t;
+
+static bool up_fails(host_up_t *u)
+{
+    u->calls++;
+    return u->fail_at && u->calls == u->fail_at;
+}
+
+static cubuf_status_t up_alloc(void *state, size_t size, CUstream stream, CUdeviceptr *ptr)
+{
+    host_up_t *u = state;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    pthread_mutex_lock(&u->mutex);
+    if (up_fails(u)) {
+        st = CUBUF_ERROR_DRIVER;
+    } else if (u->live_bytes + size > u->limit) {
+        st = CUBUF_ERROR_OUT_OF_MEMORY;
+    } else {
+        void *p = aligned_alloc(512, (size + 511) & ~(size_t)511);
+        if (!p) {
+            st = CUBUF_ERROR_OUT_OF_MEMORY;
+        } else {
+            *ptr = (CUdeviceptr)(uintptr_t)p;
+            u->live_bytes += size;
+            u->live++;
+            u->allocs++;
+            u->last_alloc_size = size;
+            u->last_stream = stream;
+        }
+    }
+    pthread_mutex_unlock(&u->mutex);
+    return st;
+}
+
+static cubuf_status_t up_dealloc(void *state, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    host_up_t *u = state;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    pthread_mutex_lock(&u->mutex);
+    if (up_fails(u)) {
+        st = CUBUF_ERROR_DRIVER;
+    } else {
+        free((void *)(uintptr_t)ptr);
+        u->live_bytes -= size;
+        u->live--;
+        u->deallocs++;
+        u->last_dealloc_size = size;
+        u->last_stream = stream;
+    }
+    pthread_mutex_unlock(&u->mutex);
+    return st;
+}
+
+static void up_destroy(void *state) { ((host_up_t *)state)->destroys++; }
+
+static const cubuf_resource_ops_t k_up_ops = {CUBUF_RESOURCE_OPS_VERSION, up_alloc, up_dealloc,
+                                              up_destroy};
+
+#define S1 ((CUstream)(uintptr_t)0x1000)
+#define S2 ((CUstream)(uintptr_t)0x2000)
+
+static cubuf_resource_t *make_up(host_up_t *u)
+{
+    memset(u, 0, sizeof *u);
+    pthread_mutex_init(&u->mutex, NULL);
+    u->limit = SIZE_MAX;
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true; /* not device accessible: no driver */
+    cubuf_resource_t *r = NULL;
+    T_REQUIRE(cubuf_resource_create(&k_up_ops, &props, u, &r));
+    return r;
+}
+
+/* A caching resource over a fresh upstream; the caller releases both. */
+static cubuf_resource_t *make_cache(host_up_t *u, cubuf_resource_t **up,
+                                    const cubuf_caching_options_t *o)
+{
+    *up = make_up(u);
+    cubuf_resource_t *c = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(*up, o, &c));
+    return c;
+}
+
+static cubuf_caching_stats_t stats_of(cubuf_resource_t *c)
+{
+    cubuf_caching_stats_t s = CUBUF_CACHING_STATS_INIT;
+    T_OK(cubuf_caching_stats(c, &s));
+    return s;
+}
+
+/* Releases the cache and its upstream; checks the upstream got everything back. */
+static void finish(cubuf_resource_t *c, cubuf_resource_t *up, host_up_t *u)
+{
+    u->fail_at = 0;
+    cubuf_resource_release(c);
+    T_CHECK(u->live == 0 && u->live_bytes == 0);
+    T_CHECK(u->destroys == 0); /* the test still holds it */
+    cubuf_resource_release(up);
+    T_CHECK(u->destroys == 1);
+}
+
+static void test_classes(void)
+{
+    T_CHECK(cubuf_caching_class_size(0) == 0);
+    T_CHECK(cubuf_caching_class_size(1) == 512);
+    T_CHECK(cubuf_caching_class_size(512) == 512);
+    T_CHECK(cubuf_caching_class_size(513) == 1024);
+    T_CHECK(cubuf_caching_class_size(4096) == 4096);
+    T_CHECK(cubuf_caching_class_size(4097) == 4608);
+    T_CHECK(cubuf_caching_class_size(8192) == 8192);
+    T_CHECK(cubuf_caching_class_size(8193) == 9216);
+    T_CHECK(cubuf_caching_class_size(1 << 20) == 1 << 20);
+    T_CHECK(cubuf_caching_class_size((1 << 20) + 1) == (1 << 20) + (1 << 17));
+    T_CHECK(cubuf_caching_class_size(CUBUF_CACHING_MAX_CLASS_SIZE) == CUBUF_CACHING_MAX_CLASS_SIZE);
+    T_CHECK(cubuf_caching_class_size(CUBUF_CACHING_MAX_CLASS_SIZE + 1) == 0);
+    /* the waste bound, multiples of 512, monotone, and each class its own fixed point */
+    size_t prev = 0;
+    int bad = 0;
+    for (size_t n = 1; n < ((size_t)1 << 30); n += n < 65536 ? 1 : n / 1000 + 7) {
+        size_t k = cubuf_caching_class_size(n);
+        if (k < n || k % 512 || k - n >= 512 + n / 8 || k < prev || cubuf_caching_class_size(k) != k)
+            bad++;
+        prev = k;
+    }
+    T_CHECK(bad == 0);
+}
+
+static void test_args(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up = make_up(&u), *c = NULL;
+    T_STATUS(cubuf_caching_resource_create(NULL, NULL, &c), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_caching_resource_create(up, NULL, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_caching_options_t o = CUBUF_CACHING_OPTIONS_INIT;
+    o.max_cached_size = CUBUF_CACHING_MAX_CLASS_SIZE + 1;
+    T_STATUS(cubuf_caching_resource_create(up, &o, &c), CUBUF_ERROR_INVALID_ARGUMENT);
+    o = (cubuf_caching_options_t)CUBUF_CACHING_OPTIONS_INIT;
+    o.struct_size = 4;
+    T_STATUS(cubuf_caching_resource_create(up, &o, &c), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* a resource that is not a caching one */
+    CUdeviceptr p = 0;
+    T_STATUS(cubuf_caching_allocate(up, 100, S1, &p), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "not a caching resource") != NULL);
+    T_CHECK(!cubuf_is_caching_resource(up) && !cubuf_is_caching_resource(NULL));
+    T_STATUS(cubuf_caching_trim(NULL, 0), CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_caching_stats_t s = CUBUF_CACHING_STATS_INIT;
+    T_STATUS(cubuf_caching_stats(up, &s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_REQUIRE(cubuf_caching_resource_create(up, NULL, &c));
+    T_CHECK(cubuf_is_caching_resource(c));
+    T_STATUS(cubuf_caching_allocate(c, 0, S1, &p), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_caching_allocate(c, 1, S1, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_caching_deallocate(c, 0, 1, S1), CUBUF_ERROR_INVALID_ARGUMENT);
+    s.struct_size = 8;
+    T_STATUS(cubuf_caching_stats(c, &s), CUBUF_ERROR_INVALID_ARGUMENT);
+    /* the properties are the upstream's */
+    cubuf_resource_props_t pr = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(c, &pr));
+    T_CHECK(pr.host_accessible && !pr.device_accessible && pr.device_id == -1);
+    T_CHECK(u.allocs == 0);
+    finish(c, up, &u);
+}
+
+static void test_hits_misses(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    CUdeviceptr a = 0, b = 0;
+    T_OK(cubuf_caching_allocate(c, 1000, S1, &a));
+    T_CHECK(u.allocs == 1 && u.last_alloc_size == 1024 && u.last_stream == S1);
+    memset((void *)(uintptr_t)a, 0x5a, 1000);
+    T_OK(cubuf_caching_deallocate(c, a, 1000, S1));
+    T_CHECK(u.deallocs == 0); /* cached */
+    T_OK(cubuf_caching_allocate(c, 900, S1, &b)); /* same class, same stream */
+    T_CHECK(b == a && u.allocs == 1);
+    T_CHECK(((unsigned char *)(uintptr_t)b)[999] == 0x5a); /* the same host bytes */
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.hits == 1 && s.misses == 1 && s.cross_stream_reuses == 0);
+    T_CHECK(s.live_bytes == 1024 && s.requested_bytes == 900 && s.internal_waste_bytes == 124);
+    T_CHECK(s.live_count == 1 && s.cached_bytes == 0 && s.held_bytes == 1024);
+    T_CHECK(s.upstream_allocations == 1 && s.upstream_deallocations == 0);
+    /* another class is a miss */
+    CUdeviceptr d = 0;
+    T_OK(cubuf_caching_allocate(c, 5000, S1, &d));
+    T_CHECK(d != a && u.allocs == 2 && u.last_alloc_size == 5120);
+    T_OK(cubuf_caching_deallocate(c, d, 5000, S1));
+    T_OK(cubuf_caching_deallocate(c, b, 900, S1));
+    s = stats_of(c);
+    T_CHECK(s.live_bytes == 0 && s.cached_bytes == 1024 + 5120 && s.cached_count == 2);
+    T_CHECK(s.largest_free_bytes == 5120 && s.peak_held_bytes == 1024 + 5120);
+    T_CHECK(s.fragmentation > 0.16 && s.fragmentation < 0.17); /* 1 - 5120/6144 */
+    /* the generic paths: raw pointers and buffers */
+    CUdeviceptr r = 0;
+    T_OK(cubuf_resource_allocate_raw(c, 800, S1, &r));
+    T_CHECK(r == a);
+    T_OK(cubuf_resource_deallocate_raw(c, r, 800, S1));
+    cubuf_buffer_t *buf = NULL;
+    T_OK(cubuf_resource_allocate(c, 4900, S1, &buf));
+    T_CHECK(cubuf_buffer_ptr(buf) == d && cubuf_buffer_size(buf) == 4900);
+    T_OK(cubuf_buffer_close(buf));
+    cubuf_buffer_release(buf);
+    s = stats_of(c);
+    T_CHECK(s.hits == 3 && u.allocs == 2 && s.live_count == 0 && s.cached_count == 2);
+    finish(c, up, &u);
+}
+
+static void test_cross_stream_and_large(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    CUdeviceptr a = 0, a2 = 0, b = 0;
+    /* one block on S1: S2 does not take it (each stream keeps its own) */
+    T_OK(cubuf_caching_allocate(c, 3000, S1, &a));
+    T_OK(cubuf_caching_deallocate(c, a, 3000, S1));
+    T_OK(cubuf_caching_allocate(c, 3000, S2, &a2));
+    T_CHECK(a2 != a && u.allocs == 2 && stats_of(c).cross_stream_reuses == 0);
+    /* two on S1: S2 takes the one freed last */
+    T_OK(cubuf_caching_deallocate(c, a2, 3000, S1));
+    T_OK(cubuf_caching_allocate(c, 3000, S2, &b));
+    T_CHECK(b == a2 && u.allocs == 2);
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.cross_stream_reuses == 1 && s.hits == 0 && s.misses == 2);
+    /* freed on S2 it is S2's now: a hit there */
+    T_OK(cubuf_caching_deallocate(c, b, 3000, S2));
+    T_OK(cubuf_caching_allocate(c, 3000, S2, &b));
+    T_CHECK(b == a2 && stats_of(c).hits == 1);
+    /* out of memory upstream: S1's last block goes to S2, with no release */
+    u.limit = u.live_bytes;
+    T_OK(cubuf_caching_allocate(c, 3000, S2, &a2));
+    s = stats_of(c);
+    T_CHECK(a2 == a && s.cross_stream_reuses == 2 && s.oom_retries == 0 && u.allocs == 2);
+    u.limit = SIZE_MAX;
+    T_OK(cubuf_caching_deallocate(c, a2, 3000, S2));
+    T_OK(cubuf_caching_deallocate(c, b, 3000, S2));
+    /* CU_STREAM_LEGACY and 0 are one stream */
+    T_OK(cubuf_caching_allocate(c, 3000, CU_STREAM_LEGACY, &b));
+    T_OK(cubuf_caching_deallocate(c, b, 3000, CU_STREAM_LEGACY));
+    T_OK(cubuf_caching_allocate(c, 3000, NULL, &b));
+    T_CHECK(stats_of(c).hits == 2);
+    T_OK(cubuf_caching_deallocate(c, b, 3000, NULL));
+    finish(c, up, &u);
+
+    /* cross_stream false: never across streams */
+    cubuf_caching_options_t o = CUBUF_CACHING_OPTIONS_INIT;
+    o.cross_stream = false;
+    o.max_cached_size = 64 << 10;
+    c = make_cache(&u, &up, &o);
+    T_OK(cubuf_caching_allocate(c, 3000, S1, &a));
+    T_OK(cubuf_caching_deallocate(c, a, 3000, S1));
+    T_OK(cubuf_caching_allocate(c, 3000, S2, &b));
+    T_CHECK(b != a && u.allocs == 2 && stats_of(c).cross_stream_reuses == 0);
+    T_OK(cubuf_caching_deallocate(c, b, 3000, S2));
+    /* above max_cached_size: the upstream at the request's own size, never cached */
+    CUdeviceptr l = 0;
+    T_OK(cubuf_caching_allocate(c, (64 << 10) + 1, S1, &l));
+    T_CHECK(u.last_alloc_size == (64 << 10) + 1 && u.allocs == 3);
+    s = stats_of(c);
+    T_CHECK(s.live_bytes == (64 << 10) + 1 && s.live_count == 1 && s.internal_waste_bytes == 0);
+    T_OK(cubuf_caching_deallocate(c, l, (64 << 10) + 1, S1));
+    T_CHECK(u.deallocs == 1 && u.last_dealloc_size == (64 << 10) + 1);
+    s = stats_of(c);
+    T_CHECK(s.live_bytes == 0 && s.cached_count == 2 && s.cached_bytes == 2 * 3072);
+    /* exactly max_cached_size is cached */
+    T_OK(cubuf_caching_allocate(c, 64 << 10, S1, &l));
+    T_OK(cubuf_caching_deallocate(c, l, 64 << 10, S1));
+    T_CHECK(u.deallocs == 1 && stats_of(c).cached_count == 3);
+    finish(c, up, &u);
+}
+
+static void test_trim_threshold_forget(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    CUdeviceptr p[6];
+    const size_t sizes[6] = {512, 1024, 2048, 4096, 8192, 16384};
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_allocate(c, sizes[i], i < 3 ? S1 : S2, &p[i]));
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_deallocate(c, p[i], sizes[i], i < 3 ? S1 : S2));
+    T_CHECK(stats_of(c).cached_bytes == 32256 && u.live == 6);
+    T_OK(cubuf_caching_trim(c, 20000));
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.cached_bytes <= 20000 && s.cached_bytes == u.live_bytes);
+    T_CHECK(s.held_bytes == s.cached_bytes && s.upstream_deallocations == (uint64_t)u.deallocs);
+    /* forget S1: its blocks go back, on S1 */
+    T_CHECK(s.cached_bytes == 15872 && u.deallocs == 1 && u.last_dealloc_size == 16384);
+    T_CHECK(u.last_stream == S2);
+    T_OK(cubuf_caching_forget_stream(c, S1));
+    s = stats_of(c);
+    T_CHECK(u.last_stream == S1 && u.deallocs == 4 && s.cached_bytes == 4096 + 8192);
+    T_CHECK(s.cached_bytes == u.live_bytes);
+    T_OK(cubuf_caching_forget_stream(c, (CUstream)(uintptr_t)0x7777)); /* never used: nothing */
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(stats_of(c).cached_bytes == 0 && u.live == 0);
+    /* a release threshold: deallocations beyond it go back to the upstream */
+    T_OK(cubuf_caching_set_release_threshold(c, 4096));
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_allocate(c, 1024, S1, &p[i]));
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_deallocate(c, p[i], 1024, S1));
+    s = stats_of(c);
+    T_CHECK(s.cached_bytes == 4096 && s.cached_count == 4 && u.live == 4);
+    T_OK(cubuf_caching_set_release_threshold(c, SIZE_MAX));
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_allocate(c, 1024, S1, &p[i]));
+    for (int i = 0; i < 6; i++) T_OK(cubuf_caching_deallocate(c, p[i], 1024, S1));
+    T_CHECK(stats_of(c).cached_count == 6 && u.live == 6);
+    /* a failing upstream deallocation leaves the block cached */
+    u.calls = 0;
+    u.fail_at = 1;
+    T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_DRIVER);
+    T_CHECK(stats_of(c).cached_count == 6 && u.live == 6);
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(u.live == 0);
+    finish(c, up, &u);
+}
+
+static void test_oom_retry(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    u.limit = 8192;
+    CUdeviceptr a = 0, b = 0, d = 0, e = 0;
+    T_OK(cubuf_caching_allocate(c, 4096, S1, &a));
+    T_OK(cubuf_caching_allocate(c, 4096, S2, &b));
+    T_OK(cubuf_caching_deallocate(c, a, 4096, S1));
+    T_OK(cubuf_caching_deallocate(c, b, 4096, S2));
+    /* the upstream fails until the cache gives its 8 KiB back */
+    T_OK(cubuf_caching_allocate(c, 8000, S1, &d));
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.oom_retries == 1 && s.cached_bytes == 0 && u.live == 1 && u.live_bytes == 8192);
+    T_CHECK(s.live_bytes == 8192 && s.held_bytes == 8192);
+    /* nothing left to release: the report */
+    T_STATUS(cubuf_caching_allocate(c, 3000, S2, &e), CUBUF_ERROR_OUT_OF_MEMORY);
+    const char *m = cubuf_last_error();
+    T_CHECK(strstr(m, "3000 bytes requested") && strstr(m, "block of 3072 bytes"));
+    T_CHECK(strstr(m, "live 8192 bytes") && strstr(m, "cached 0 bytes"));
+    T_CHECK(strstr(m, "largest free block 0 bytes"));
+    T_CHECK(e == 0 && stats_of(c).oom_retries == 2 && stats_of(c).live_count == 1);
+    /* the generic path returns the same status */
+    T_STATUS(cubuf_resource_allocate_raw(c, 3000, S2, &e), CUBUF_ERROR_OUT_OF_MEMORY);
+    /* the report counts cached blocks and the largest free one before the release */
+    T_OK(cubuf_caching_deallocate(c, d, 8000, S1));
+    u.limit = 8192 + 4096;
+    T_OK(cubuf_caching_allocate(c, 4096, S2, &a)); /* the upstream: 12 KiB live */
+    T_STATUS(cubuf_caching_allocate(c, 16384, S2, &e), CUBUF_ERROR_OUT_OF_MEMORY);
+    m = cubuf_last_error();
+    T_CHECK(strstr(m, "live 4096 bytes") && strstr(m, "cached 8192 bytes"));
+    T_CHECK(strstr(m, "largest free block 8192 bytes"));
+    T_CHECK(stats_of(c).cached_bytes == 0 && u.live == 1);
+    T_OK(cubuf_caching_deallocate(c, a, 4096, S2));
+    finish(c, up, &u);
+}
+
+/* One sequence over every path that calls the upstream; returns the live
+ * pointers it could not free through `left` (freed later without faults). */
+typedef struct held {
+    CUdeviceptr p;
+    size_t size;
+    CUstream s;
+} held_t;
+
+static int scenario(cubuf_resource_t *c, host_up_t *u, held_t *left)
+{
+    int n = 0;
+    held_t h[5] = {{0, 1000, S1}, {0, 5000, S2}, {0, 1000, S2}, {0, (64 << 10) + 5, S1},
+                   {0, 70000, S2}};
+    for (int i = 0; i < 5; i++) {
+        cubuf_status_t st = cubuf_caching_allocate(c, h[i].size, h[i].s, &h[i].p);
+        if (st != CUBUF_SUCCESS) {
+            T_CHECK(st == CUBUF_ERROR_DRIVER || st == CUBUF_ERROR_OUT_OF_MEMORY);
+            h[i].p = 0;
+        }
+        if (i == 0 && h[0].p) { /* the next 1000 comes from S1 to S2 */
+            if (cubuf_caching_deallocate(c, h[0].p, 1000, S1) == CUBUF_SUCCESS) h[0].p = 0;
+        }
+    }
+    for (int i = 1; i < 5; i++)
+        if (h[i].p && cubuf_caching_deallocate(c, h[i].p, h[i].size, h[i].s) == CUBUF_SUCCESS)
+            h[i].p = 0;
+    (void)cubuf_caching_trim(c, 2048);
+    u->limit = u->live_bytes + 1024; /* the next miss needs the release */
+    CUdeviceptr q = 0;
+    if (cubuf_caching_allocate(c, 6000, S1, &q) == CUBUF_SUCCESS) {
+        if (cubuf_caching_deallocate(c, q, 6000, S1) != CUBUF_SUCCESS) left[n++] = (held_t){q, 6000, S1};
+    }
+    u->limit = SIZE_MAX;
+    (void)cubuf_caching_trim(c, 0);
+    for (int i = 0; i < 5; i++)
+        if (h[i].p) left[n++] = h[i];
+    return n;
+}
+
+static void test_faults(void)
+{
+    /* upstream failures: the n-th upstream call fails, for every n */
+    int rounds = 0;
+    for (long nth = 1;; nth++, rounds++) {
+        host_up_t u;
+        cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+        u.fail_at = nth;
+        held_t left[8];
+        int n = scenario(c, &u, left);
+        bool fired = u.calls >= nth;
+        u.fail_at = 0;
+        for (int i = 0; i < n; i++) T_OK(cubuf_caching_deallocate(c, left[i].p, left[i].size, left[i].s));
+        cubuf_caching_stats_t s = stats_of(c);
+        T_CHECK(s.live_bytes == 0 && s.live_count == 0);
+        T_CHECK(s.held_bytes == u.live_bytes && s.cached_count == (size_t)u.live);
+        finish(c, up, &u);
+        if (!fired) break;
+    }
+    printf("upstream faults: %d rounds\n", rounds);
+    T_CHECK(rounds >= 10);
+    /* host allocations: the n-th one fails, for every n */
+    rounds = 0;
+    for (unsigned nth = 1;; nth++, rounds++) {
+        host_up_t u;
+        cubuf_resource_t *up = make_up(&u), *c = NULL;
+        cubuf_fault_fail_alloc_nth(nth);
+        cubuf_status_t st = cubuf_caching_resource_create(up, NULL, &c);
+        held_t left[8];
+        int n = 0;
+        if (st == CUBUF_SUCCESS) n = scenario(c, &u, left);
+        else T_CHECK(st == CUBUF_ERROR_OUT_OF_MEMORY);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        for (int i = 0; i < n; i++) T_OK(cubuf_caching_deallocate(c, left[i].p, left[i].size, left[i].s));
+        if (c) {
+            cubuf_caching_stats_t s = stats_of(c);
+            T_CHECK(s.live_bytes == 0 && s.held_bytes == u.live_bytes);
+            finish(c, up, &u);
+        } else {
+            cubuf_resource_release(up);
+        }
+        if (!fired) break;
+    }
+    printf("host allocation faults: %d rounds\n", rounds);
+    T_CHECK(rounds > 3);
+}
+
+/* ---- 16 threads: exact totals ---- */
+
+#define T_THREADS 16
+#define T_ITERS 20000
+#define T_LIVE 8
+
+typedef struct worker {
+    cubuf_resource_t *c;
+    int id;
+    unsigned long allocs, failures;
+} worker_t;
+
+static atomic_int g_start;
+
+static void *work(void *arg)
+{
+    worker_t *w = arg;
+    uint64_t x = 0x9E3779B97F4A7C15ULL * (uint64_t)(w->id + 1);
+    held_t live[T_LIVE] = {{0}};
+    CUstream own = (CUstream)(uintptr_t)(0x10000 + 0x100 * w->id);
+    while (!atomic_load(&g_start)) {
+    }
+    for (int i = 0; i < T_ITERS; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int j = (int)(x % T_LIVE);
+        if (live[j].p) {
+            /* the tag is still ours: no other thread was given this block */
+            if (*(volatile uint64_t *)(uintptr_t)live[j].p != (uint64_t)w->id * 1000003u + (uint64_t)j)
+                w->failures++;
+            /* one in 8 frees on a neighbour's stream: shared stream locks */
+            CUstream s = (x >> 20) % 8 ? own : (CUstream)(uintptr_t)(0x10000 + 0x100 * ((w->id + 1) % T_THREADS));
+            if (cubuf_caching_deallocate(w->c, live[j].p, live[j].size, s) != CUBUF_SUCCESS) w->failures++;
+            live[j].p = 0;
+        } else {
+            size_t size = 8 + (size_t)((x >> 32) % (256 << 10));
+            if (cubuf_caching_allocate(w->c, size, own, &live[j].p) != CUBUF_SUCCESS) {
+                w->failures++;
+                continue;
+            }
+            live[j].size = size;
+            *(volatile uint64_t *)(uintptr_t)live[j].p = (uint64_t)w->id * 1000003u + (uint64_t)j;
+            w->allocs++;
+        }
+    }
+    for (int j = 0; j < T_LIVE; j++)
+        if (live[j].p && cubuf_caching_deallocate(w->c, live[j].p, live[j].size, own) != CUBUF_SUCCESS)
+            w->failures++;
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    pthread_t th[T_THREADS];
+    worker_t w[T_THREADS];
+    atomic_store(&g_start, 0);
+    for (int i = 0; i < T_THREADS; i++) {
+        w[i] = (worker_t){c, i, 0, 0};
+        T_CHECK(pthread_create(&th[i], NULL, work, &w[i]) == 0);
+    }
+    atomic_store(&g_start, 1);
+    unsigned long allocs = 0, failures = 0;
+    for (int i = 0; i < T_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        allocs += w[i].allocs;
+        failures += w[i].failures;
+    }
+    T_CHECK(failures == 0);
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.hits + s.cross_stream_reuses + s.misses == allocs);
+    T_CHECK(s.misses == s.upstream_allocations && s.upstream_deallocations == 0);
+    T_CHECK(s.live_bytes == 0 && s.live_count == 0 && s.requested_bytes == 0);
+    T_CHECK(s.cached_count == (size_t)u.live && s.cached_bytes == u.live_bytes);
+    T_CHECK(s.held_bytes == u.live_bytes && s.peak_held_bytes >= s.held_bytes);
+    T_CHECK(s.hits > allocs / 2);
+    printf("threads: %lu allocations: %llu hits, %llu cross-stream, %llu misses; %zu bytes cached\n",
+           allocs, (unsigned long long)s.hits, (unsigned long long)s.cross_stream_reuses,
+           (unsigned long long)s.misses, s.cached_bytes);
+    finish(c, up, &u);
+}
+
+int main(void)
+{
+    test_classes();
+    test_args();
+    test_hits_misses();
+    test_cross_stream_and_large();
+    test_trim_threshold_forget();
+    test_oom_retry();
+    test_faults();
+    test_threads();
+    if (t_failures) {
+        fprintf(stderr, "%d check(s) failed\n", t_failures);
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
