@@ -150,11 +150,46 @@ static void travels(void)
     cubuf_ipc_descriptor_destroy(d);
 }
 
+/* Each host allocation of deserialize and of the by-pid path failing in
+ * turn: CUBUF_ERROR_OUT_OF_MEMORY, nothing made, no fd leaked. */
+static void allocations_fail(void)
+{
+    uint8_t b[512];
+    size_t len = make(b);
+    int fds = dist_open_fds();
+    for (int by_pid = 0; by_pid < 2; by_pid++) {
+        unsigned nth = 1;
+        for (;; nth++) {
+            cubuf_ipc_descriptor_t *d = NULL;
+            cubuf_fault_fail_alloc_nth(nth);
+            cubuf_status_t st = by_pid ? cubuf_ipc_descriptor_from_pid(getpid(), b, len, NULL, 0, &d)
+                                       : cubuf_ipc_descriptor_deserialize(b, len, NULL, 0, &d);
+            bool fired = cubuf_fault_fired();
+            cubuf_fault_reset();
+            if (!fired) {
+                T_OK(st);
+                cubuf_ipc_descriptor_destroy(d);
+                break;
+            }
+            T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+            T_CHECK(d == NULL);
+            if (nth > 16) {
+                fprintf(stderr, "allocation faults never stop firing\n");
+                t_failures++;
+                break;
+            }
+        }
+        T_CHECK(nth >= 2); /* at least one allocation was failed */
+    }
+    T_CHECK(dist_open_fds() == fds);
+}
+
 int main(void)
 {
     T_CHECK(CUBUF_IPC_MAX_BYTES == CUBUF_IPC_VMM_FABRIC_BYTES(CUBUF_IPC_MAX_CHUNKS));
     valid();
     broken();
     travels();
+    allocations_fail();
     return t_finish("test_fabric_wire");
 }

@@ -3,6 +3,7 @@
  *   cubuf info [--json]   the driver and, per device, what cubuf can use
  *   cubuf demo            a short tour: context, buffers, fill, copy, read back
  *   cubuf version         the library version
+ *   cubuf replay LOG      replays a logging adaptor's log (tools/replay.c)
  *
  * Exit status: 0 success, 1 a cubuf call failed, 2 usage error,
  * 3 no usable CUDA driver, 4 a driver but no CUDA device.
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "cubuf.h"
+#include "replay.h"
 
 enum { EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_NO_DRIVER = 3, EXIT_NO_DEVICE = 4 };
 
@@ -193,6 +195,7 @@ done:
 static int usage(FILE *f)
 {
     fprintf(f, "usage: cubuf info [--json] | cubuf demo | cubuf version\n"
+               "       cubuf replay LOG [--resource device|private|managed|sync|vmm|caching] [--rounds N]\n"
                "exit status: 0 ok, 1 failure, 2 usage, 3 no CUDA driver, 4 no CUDA device\n");
     return f == stderr ? EXIT_USAGE : 0;
 }
@@ -206,6 +209,7 @@ int main(int argc, char **argv)
         return usage(stderr);
     }
     if (strcmp(argv[1], "demo") == 0 && argc == 2) return cmd_demo();
+    if (strcmp(argv[1], "replay") == 0) return cubuf__replay(argc - 2, argv + 2);
     if (strcmp(argv[1], "version") == 0 && argc == 2) {
         printf("%s\n", cubuf_version_string());
         return 0;

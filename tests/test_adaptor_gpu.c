@@ -1,0 +1,324 @@
+/* The adaptors over device memory: a stack over the device pool with bytes
+ * read back, the cap on real allocations, the failure callback freeing a
+ * buffer of a full private pool so the retry succeeds, requested against
+ * allocated bytes over virtual memory, driver faults through a stack, and
+ * a recorded log (several threads and streams) replayed by `cubuf replay`. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define MiB ((size_t)1 << 20)
+
+static CUstream g_s;
+
+static cubuf_statistics_t stats_of(cubuf_resource_t *r)
+{
+    cubuf_statistics_t s = CUBUF_STATISTICS_INIT;
+    T_OK(cubuf_statistics_get(r, &s));
+    return s;
+}
+
+static bool all_bytes(const unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v) return false;
+    return true;
+}
+
+/* Statistics over limiting over the device pool: buffers and raw pointers
+ * hold what is written to them; every layer counts them. */
+static void test_stack_bytes(cubuf_resource_t *pool)
+{
+    t_held_t held0 = t_held();
+    cubuf_resource_t *lim = NULL, *st = NULL;
+    T_REQUIRE(cubuf_limit_adaptor_create(pool, 8 * MiB, &lim));
+    T_REQUIRE(cubuf_statistics_adaptor_create(lim, &st));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(st, 4 * MiB, g_s, &b));
+    T_CHECK(cubuf_buffer_is_device_accessible(b) && cubuf_buffer_device_id(b) == 0 &&
+            cubuf_buffer_resource(b) == st);
+    T_OK(cubuf_buffer_fill_byte(b, 0x5c, g_s));
+    unsigned char *host = malloc(4 * MiB);
+    T_OK(cubuf_buffer_copy_to_host(b, 0, -1, host, 4 * MiB, g_s, NULL));
+    T_CU(cuStreamSynchronize, g_s);
+    T_CHECK(all_bytes(host, 4 * MiB, 0x5c));
+    CUdeviceptr p = 0;
+    T_REQUIRE(cubuf_resource_allocate_raw(st, 3 * MiB, g_s, &p));
+    T_CU(cuMemsetD8Async, p, 0x3e, 3 * MiB, g_s);
+    T_CU(cuStreamSynchronize, g_s);
+    T_CU(cuMemcpyDtoH, host, p, 3 * MiB);
+    T_CHECK(all_bytes(host, 3 * MiB, 0x3e));
+    /* The cap: 7 MiB through it, 2 more would pass 8. */
+    CUdeviceptr q = 0;
+    T_STATUS(cubuf_resource_allocate_raw(st, 2 * MiB, g_s, &q), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(strstr(cubuf_last_error(), "cap of 8388608 bytes") && strstr(cubuf_last_error(), "7340032 bytes allocated"));
+    cubuf_statistics_t s = stats_of(st), l = stats_of(lim);
+    T_CHECK(s.current_bytes == (int64_t)(7 * MiB) && s.current_count == 2 && s.total_count == 2);
+    T_CHECK(l.current_bytes == s.current_bytes && l.total_count == 2); /* the refused one left no trace */
+    /* A default stream means the pool's context's: allocate and free there. */
+    CUdeviceptr d = 0;
+    T_OK(cubuf_resource_deallocate_raw(st, p, 3 * MiB, g_s));
+    T_REQUIRE(cubuf_resource_allocate_raw(st, 1 * MiB, CU_STREAM_PER_THREAD, &d));
+    T_CU(cuMemsetD8Async, d, 1, MiB, CU_STREAM_PER_THREAD);
+    T_OK(cubuf_resource_deallocate_raw(st, d, 1 * MiB, CU_STREAM_PER_THREAD));
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    s = stats_of(st);
+    T_CHECK(s.current_bytes == 0 && s.total_count == 3 && s.peak_bytes == (int64_t)(7 * MiB));
+    free(host);
+    cubuf_resource_release(st);
+    cubuf_resource_release(lim);
+    T_CU(cuCtxSynchronize);
+    T_HELD_BACK(held0, "the stack over the device pool");
+}
+
+/* A private pool of 64 MiB holds one 40 MiB buffer; a second fails until
+ * the callback closes the first, then the retry succeeds. */
+typedef struct rescue {
+    cubuf_buffer_t *victim;
+    int calls;
+} rescue_t;
+
+static bool free_victim(void *user, size_t size, unsigned attempt)
+{
+    rescue_t *r = user;
+    r->calls++;
+    if (!r->victim || attempt > 1) return false;
+    T_OK(cubuf_buffer_close(r->victim)); /* freed on g_s, where the retry allocates */
+    cubuf_buffer_release(r->victim);
+    r->victim = NULL;
+    return size > 0;
+}
+
+static void test_failure_retry(void)
+{
+    t_held_t held0 = t_held();
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.max_size = 64 * MiB;
+    cubuf_resource_t *pool = NULL, *fa = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &pool));
+    rescue_t r = {NULL, 0};
+    T_REQUIRE(cubuf_failure_adaptor_create(pool, free_victim, &r, &fa));
+    T_REQUIRE(cubuf_resource_allocate(fa, 40 * MiB, g_s, &r.victim));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(fa, 40 * MiB, g_s, &b)); /* the driver said out of memory first */
+    T_CHECK(r.calls == 1 && r.victim == NULL && b != NULL);
+    T_OK(cubuf_buffer_fill_byte(b, 0x11, g_s));
+    unsigned char check[4096];
+    T_CU(cuStreamSynchronize, g_s);
+    T_CU(cuMemcpyDtoH, check, cubuf_buffer_ptr(b) + 40 * MiB - sizeof check, sizeof check);
+    T_CHECK(all_bytes(check, sizeof check, 0x11));
+    /* With nothing left to free, the callback declines and the failure stays. */
+    cubuf_buffer_t *c = NULL;
+    T_STATUS(cubuf_resource_allocate(fa, 40 * MiB, g_s, &c), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(r.calls == 2 && c == NULL && strstr(cubuf_last_error(), "declined"));
+    cubuf_statistics_t s = stats_of(fa);
+    T_CHECK(s.current_bytes == (int64_t)(40 * MiB) && s.total_count == 2);
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    cubuf_resource_release(fa);
+    cubuf_resource_release(pool);
+    T_CU(cuCtxSynchronize);
+    T_HELD_BACK(held0, "the failure adaptor over a full private pool");
+}
+
+/* Over virtual memory: a raw allocation is a buffer kept by pointer;
+ * requested bytes are what was asked, allocated bytes the granule. */
+static void test_vmm_raw(void)
+{
+    cubuf_resource_t *vmm = NULL;
+    cubuf_status_t vst = cubuf_vmm_resource_create(0, NULL, &vmm);
+    if (vst == CUBUF_ERROR_NOT_SUPPORTED) {
+        /* Every GPU this suite runs on has VMM: a device without it is a failure here. */
+        fprintf(stderr, "test_vmm_raw: no virtual memory management: %s\n", cubuf_last_error());
+        t_failures++;
+        return;
+    }
+    T_REQUIRE(vst);
+    t_held_t held0 = t_held();
+    size_t gran = 0;
+    T_REQUIRE(cubuf_vmm_granularity(vmm, &gran));
+    cubuf_resource_t *st = NULL;
+    T_REQUIRE(cubuf_statistics_adaptor_create(vmm, &st));
+    CUdeviceptr p = 0;
+    T_REQUIRE(cubuf_resource_allocate_raw(st, 1000, g_s, &p));
+    T_CU(cuMemsetD8, p, 0x77, gran); /* the whole granule is mapped */
+    unsigned char last = 0;
+    T_CU(cuMemcpyDtoH, &last, p + gran - 1, 1);
+    T_CHECK(last == 0x77);
+    cubuf_statistics_t s = stats_of(st);
+    T_CHECK(s.current_requested == 1000 && s.current_bytes == (int64_t)gran && s.current_count == 1);
+    s = stats_of(vmm);
+    T_CHECK(s.current_bytes == (int64_t)gran && s.current_requested == (int64_t)gran);
+    /* Not its pointer or not its size: refused, the memory stays. */
+    T_STATUS(cubuf_resource_deallocate_raw(st, p + 4096, 1000, g_s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_resource_deallocate_raw(st, p, 999, g_s), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "not a raw allocation") != NULL);
+    T_CU(cuMemcpyDtoH, &last, p, 1);
+    T_CHECK(last == 0x77);
+    T_OK(cubuf_resource_deallocate_raw(st, p, 1000, g_s));
+    s = stats_of(st);
+    T_CHECK(s.current_bytes == 0 && s.current_requested == 0 && s.total_requested == 1000);
+    T_CHECK(stats_of(vmm).current_bytes == 0);
+    cubuf_resource_release(st);
+    T_HELD_BACK(held0, "raw virtual memory through an adaptor");
+    cubuf_resource_release(vmm);
+}
+
+/* Driver failures under a stack: nothing is counted, nothing leaks; a
+ * refused free leaves the buffer open and counted. */
+static void test_faults(cubuf_resource_t *pool)
+{
+    t_held_t held0 = t_held();
+    cubuf_resource_t *tr = NULL, *lim = NULL, *st = NULL;
+    T_REQUIRE(cubuf_tracking_adaptor_create(pool, false, &tr));
+    T_REQUIRE(cubuf_limit_adaptor_create(tr, 64 * MiB, &lim));
+    T_REQUIRE(cubuf_statistics_adaptor_create(lim, &st));
+    cubuf_resource_t *layers[3] = {st, lim, tr};
+    cubuf_buffer_t *b = NULL;
+    T_CHECK(cubuf_fault_fail_nth("cuMemAllocFromPoolAsync", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    T_STATUS(cubuf_resource_allocate(st, MiB, g_s, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(cubuf_fault_fired());
+    cubuf_fault_reset();
+    for (int i = 0; i < 3; i++) {
+        cubuf_statistics_t s = stats_of(layers[i]);
+        T_CHECK(s.current_bytes == 0 && s.total_count == 0);
+    }
+    T_REQUIRE(cubuf_resource_allocate(st, MiB, g_s, &b));
+    T_CHECK(cubuf_fault_fail_nth("cuMemFreeAsync", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_buffer_close(b), CUBUF_ERROR_DRIVER);
+    cubuf_fault_reset();
+    T_CHECK(!cubuf_buffer_is_closed(b));
+    size_t n = 0;
+    T_OK(cubuf_tracking_outstanding(tr, &n, NULL));
+    T_CHECK(n == 1 && stats_of(st).current_bytes == (int64_t)MiB);
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    T_OK(cubuf_tracking_outstanding(tr, &n, NULL));
+    T_CHECK(n == 0 && stats_of(st).current_bytes == 0 && stats_of(tr).current_bytes == 0);
+    cubuf_resource_release(st);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(tr);
+    T_CU(cuCtxSynchronize);
+    T_HELD_BACK(held0, "driver faults through a stack");
+}
+
+/* ---- a log, recorded and replayed ---- */
+
+typedef struct worker {
+    cubuf_resource_t *res;
+    CUstream stream;
+    CUcontext ctx;
+    int seed;
+    cubuf_status_t st;
+} worker_t;
+
+static void *work(void *arg)
+{
+    worker_t *w = arg;
+    if (cubuf__drv.cuCtxSetCurrent(w->ctx) != CUDA_SUCCESS) {
+        w->st = CUBUF_ERROR_DRIVER;
+        return NULL;
+    }
+    CUdeviceptr held[8] = {0};
+    size_t sizes[8] = {0};
+    for (int i = 0; i < 400 && w->st == CUBUF_SUCCESS; i++) {
+        int k = (i * 7 + w->seed) % 8;
+        if (held[k]) {
+            w->st = cubuf_resource_deallocate_raw(w->res, held[k], sizes[k], w->stream);
+            held[k] = 0;
+        } else {
+            sizes[k] = (size_t)256 << ((i + w->seed) % 12);
+            w->st = cubuf_resource_allocate_raw(w->res, sizes[k], w->stream, &held[k]);
+        }
+    }
+    for (int k = 0; k < 8 && w->st == CUBUF_SUCCESS; k++)
+        if (held[k]) w->st = cubuf_resource_deallocate_raw(w->res, held[k], sizes[k], w->stream);
+    return NULL;
+}
+
+static void test_log_replay(cubuf_resource_t *pool, CUcontext ctx)
+{
+    char path[] = "/tmp/cubuf_replay_XXXXXX";
+    int fd = mkstemp(path);
+    T_CHECK(fd >= 0);
+    close(fd);
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.path = path;
+    cubuf_resource_t *lg = NULL;
+    T_REQUIRE(cubuf_log_adaptor_create(pool, &o, &lg));
+    CUstream s2;
+    T_CU(cuStreamCreate, &s2, CU_STREAM_NON_BLOCKING);
+    worker_t w[4] = {{lg, g_s, ctx, 1, CUBUF_SUCCESS},
+                     {lg, s2, ctx, 2, CUBUF_SUCCESS},
+                     {lg, CU_STREAM_LEGACY, ctx, 3, CUBUF_SUCCESS},
+                     {lg, g_s, ctx, 4, CUBUF_SUCCESS}};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) T_CHECK(pthread_create(&th[i], NULL, work, &w[i]) == 0);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        T_OK(w[i].st);
+    }
+    uint64_t total = stats_of(lg).total_count;
+    T_CHECK(total > 0 && stats_of(lg).current_count == 0);
+    cubuf_resource_release(lg); /* flushes */
+    T_CU(cuStreamSynchronize, s2);
+    T_CU(cuStreamDestroy, s2);
+    /* The log: a header, then one line per event, each thread's in order. */
+    FILE *f = fopen(path, "r");
+    T_CHECK(f != NULL);
+    char line[256];
+    long lines = 0, allocs = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (lines++ == 0) continue;
+        allocs += strstr(line, ",allocate,") != NULL;
+    }
+    if (f) fclose(f);
+    T_CHECK(lines == 1 + 2 * (long)total && allocs == (long)total);
+    /* Replayed by the tool, with the same driver (the environment carries it). */
+    char cmd[512], expect[128];
+    snprintf(cmd, sizeof cmd, "%s replay %s --resource device --rounds 1 2>&1", CUBUF_TOOL, path);
+    snprintf(expect, sizeof expect, "%ld events (%ld allocations) on 4 thread(s) and 3 stream(s)",
+             2 * allocs, allocs);
+    FILE *pipe = popen(cmd, "r");
+    T_CHECK(pipe != NULL);
+    bool saw = false, rows = false;
+    while (pipe && fgets(line, sizeof line, pipe)) {
+        fputs(line, stdout);
+        saw |= strstr(line, expect) != NULL;
+        rows |= strstr(line, "free     cubuf") != NULL && strstr(line, "ratio") != NULL;
+    }
+    int rc = pipe ? pclose(pipe) : -1;
+    T_CHECK(rc == 0 && saw && rows);
+    unlink(path);
+}
+
+int main(void)
+{
+    t_require_gpu();
+    t_held_count();
+    t_held_t held0 = t_held();
+    cubuf_context_t *ctx = NULL;
+    CUcontext cu = NULL;
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    T_REQUIRE(cubuf_context_handle(ctx, &cu));
+    T_CU(cuCtxSetCurrent, cu);
+    T_CU(cuStreamCreate, &g_s, CU_STREAM_NON_BLOCKING);
+    cubuf_resource_t *pool = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, NULL, &pool));
+    test_stack_bytes(pool);
+    test_failure_retry();
+    test_vmm_raw();
+    test_faults(pool);
+    test_log_replay(pool, cu);
+    cubuf_resource_release(pool);
+    T_CU(cuStreamDestroy, g_s);
+    cubuf_context_destroy(ctx);
+    T_HELD_BACK(held0, "everything");
+    return t_finish("test_adaptor_gpu");
+}
