@@ -19,6 +19,7 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
     cubuf_adaptor_t *a = res->impl;
     a->up = cubuf_resource_retain(up);
     res->props = up->props;
+    if (vt->passes_stats) res->stats_from = up;
     *out = res;
     return CUBUF_SUCCESS;
 }
@@ -86,7 +87,7 @@ cubuf_status_t cubuf_statistics_get(const cubuf_resource_t *res, cubuf_statistic
     CHECK_ARG(res && stats, "%s: NULL argument", what);
     cubuf_status_t st = check_stats_struct(stats, what);
     if (st != CUBUF_SUCCESS) return st;
-    cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
+    cubuf_resource_t *r = cubuf__stats_owner(res);
     cubuf_statistics_t s = CUBUF_STATISTICS_INIT;
     cubuf__resource_lock(r);
     tally_out(r->scope ? &r->scope->tally : &r->tally, &s);
@@ -98,6 +99,7 @@ cubuf_status_t cubuf_statistics_get(const cubuf_resource_t *res, cubuf_statistic
 cubuf_status_t cubuf_statistics_reset_peaks(cubuf_resource_t *res)
 {
     CHECK_ARG(res, "cubuf_statistics_reset_peaks: res is NULL");
+    res = cubuf__stats_owner(res);
     cubuf__resource_lock(res);
     cubuf_tally_t *t = res->scope ? &res->scope->tally : &res->tally;
     t->peak_bytes = t->bytes;
@@ -219,6 +221,7 @@ static cubuf_status_t failure_allocate(cubuf_resource_t *res, cubuf_buffer_t *bu
 
 static const cubuf_resource_vtbl_t failure_vtbl = {
     .name = "failure-callback adaptor",
+    .passes_stats = true,
     .allocate = failure_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = cubuf__adaptor_destroy,

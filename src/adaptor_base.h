@@ -24,17 +24,14 @@ static inline cubuf_status_t cubuf__adaptor_up_allocate(cubuf_resource_t *res, c
                                                         bool in_ctx, cubuf_charge_t *charge)
 {
     const cubuf_adaptor_t *a = res->impl;
-    CUdeviceptr p = 0;
-    cubuf_status_t st = cubuf__raw_allocate(a->up, buf->size, &buf->dealloc, in_ctx, &p, charge);
-    if (__builtin_expect(st == CUBUF_SUCCESS, 1)) buf->ptr = p;
-    return st;
+    return cubuf__record_allocate(a->up, buf, in_ctx, charge);
 }
 static inline cubuf_status_t cubuf__adaptor_up_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                           const cubuf_stream_token_t *token,
                                                           cubuf_charge_t *charge)
 {
     const cubuf_adaptor_t *a = res->impl;
-    return cubuf__raw_deallocate(a->up, buf->ptr, buf->size, token, charge);
+    return cubuf__record_free(a->up, buf, token, charge);
 }
 
 #endif

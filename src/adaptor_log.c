@@ -3,9 +3,11 @@
  * The hot path writes a small binary event into one of a few shards, picked
  * by thread, each under its own spin lock, and stamps it with the cycle
  * counter where there is one (a few ns, where a clock_gettime costs about
- * 20). Formatting, sorting into time order and writing happen at a flush,
- * which also converts the stamps to CLOCK_MONOTONIC nanoseconds by the two
- * reference points taken at creation and at the flush. */
+ * 20). A full shard hands its batch to the adaptor's writer thread, which
+ * sorts it, formats it and writes it; a flush writes what is queued, then
+ * what the shards hold. Stamps become CLOCK_MONOTONIC nanoseconds by the
+ * reference points taken at creation and at each write. Lock order: a
+ * shard, then the queue; the output lock, then the queue. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -36,18 +38,30 @@ typedef struct log_event {
 typedef struct log_shard {
     atomic_bool lock;
     size_t n;
-    log_event_t ev[LOG_SHARD_EVENTS];
+    log_event_t *ev; /* LOG_SHARD_EVENTS of them */
 } log_shard_t;
+
+/* A full batch waiting for the writer, or a spare array (n unused). */
+typedef struct log_batch {
+    log_event_t *ev;
+    size_t n;
+    struct log_batch *next;
+} log_batch_t;
 
 typedef struct log_adaptor {
     cubuf_adaptor_t base;
     FILE *file;
     cubuf_log_line_fn callback;
     void *user;
-    pthread_mutex_t out_lock; /* one flush at a time */
+    pthread_mutex_t out_lock; /* one writer at a time: batches go out in order */
     uint64_t stamp0;          /* the reference point taken at creation */
     int64_t ns0;
-    log_shard_t *shards; /* LOG_SHARDS of them */
+    log_shard_t shards[LOG_SHARDS];
+    pthread_mutex_t q_lock; /* the queue of full batches, the spare arrays, stop */
+    pthread_cond_t q_cond;
+    log_batch_t *pending, **pending_tail, *spares;
+    bool stop, writer_started;
+    pthread_t writer;
 } log_adaptor_t;
 
 static int64_t mono_ns(void)
@@ -80,6 +94,34 @@ static void shard_unlock(log_shard_t *s) { atomic_store_explicit(&s->lock, false
 
 static cubuf_status_t flush(log_adaptor_t *l);
 
+/* Hands a full shard's batch to the writer and gives the shard a fresh
+ * array; false when no array can be had (the caller flushes instead). The
+ * shard's lock is held. */
+static bool hand_over(log_adaptor_t *l, log_shard_t *s)
+{
+    log_batch_t *b = NULL;
+    pthread_mutex_lock(&l->q_lock);
+    if ((b = l->spares)) l->spares = b->next;
+    pthread_mutex_unlock(&l->q_lock);
+    if (!b && (b = cubuf__malloc(sizeof *b)) && !(b->ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof *b->ev))) {
+        free(b);
+        b = NULL;
+    }
+    if (!b) return false;
+    log_event_t *fresh = b->ev;
+    b->ev = s->ev;
+    b->n = s->n;
+    b->next = NULL;
+    s->ev = fresh;
+    s->n = 0;
+    pthread_mutex_lock(&l->q_lock);
+    *l->pending_tail = b;
+    l->pending_tail = &b->next;
+    pthread_cond_signal(&l->q_cond);
+    pthread_mutex_unlock(&l->q_lock);
+    return true;
+}
+
 static void record(log_adaptor_t *l, uint8_t op, const cubuf_stream_token_t *on, CUdeviceptr ptr,
                    size_t size, cubuf_status_t st)
 {
@@ -87,7 +129,7 @@ static void record(log_adaptor_t *l, uint8_t op, const cubuf_stream_token_t *on,
     log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
     for (;;) {
         shard_lock(s);
-        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1)) break;
+        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1) || hand_over(l, s)) break;
         shard_unlock(s);
         if (flush(l) != CUBUF_SUCCESS)
             cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a flush failed; its events are lost");
@@ -140,14 +182,75 @@ static cubuf_status_t emit(log_adaptor_t *l, const char *line)
     return CUBUF_SUCCESS;
 }
 
-/* Takes every shard's events (the shards keep serving meanwhile, one at a
- * time), sorts them and writes them. */
+/* Sorts and writes n events; the output lock is held. */
+static cubuf_status_t write_events(log_adaptor_t *l, log_event_t *ev, size_t n)
+{
+    const uint64_t stamp1 = stamp_now();
+    const int64_t ns1 = mono_ns();
+    const double scale = stamp1 > l->stamp0 ? (double)(ns1 - l->ns0) / (double)(stamp1 - l->stamp0) : 1.0;
+    qsort(ev, n, sizeof *ev, by_stamp);
+    char line[256];
+    cubuf_status_t st = CUBUF_SUCCESS;
+    for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
+        const log_event_t *e = &ev[i];
+        int64_t t = l->ns0 + (int64_t)((double)(e->stamp - l->stamp0) * scale);
+        snprintf(line, sizeof line, "%lld,%d,%p,%s,0x%llx,%zu,%s", (long long)t, (int)e->tid,
+                 (void *)e->stream, e->op == OP_ALLOCATE ? "allocate" : "free",
+                 (unsigned long long)e->ptr, e->size, cubuf_status_name((cubuf_status_t)e->status));
+        st = emit(l, line);
+    }
+    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS)
+        st = cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
+    return st;
+}
+
+/* Writes the queued batches in order (the output lock is held), returning
+ * their arrays to the spares. */
+static cubuf_status_t write_pending(log_adaptor_t *l)
+{
+    pthread_mutex_lock(&l->q_lock);
+    log_batch_t *b = l->pending;
+    l->pending = NULL;
+    l->pending_tail = &l->pending;
+    pthread_mutex_unlock(&l->q_lock);
+    cubuf_status_t st = CUBUF_SUCCESS;
+    while (b) {
+        log_batch_t *next = b->next;
+        cubuf_status_t wst = write_events(l, b->ev, b->n);
+        if (st == CUBUF_SUCCESS) st = wst;
+        pthread_mutex_lock(&l->q_lock);
+        b->next = l->spares;
+        l->spares = b;
+        pthread_mutex_unlock(&l->q_lock);
+        b = next;
+    }
+    return st;
+}
+
+/* The writer thread: writes batches as shards hand them over. */
+static void *writer_main(void *arg)
+{
+    log_adaptor_t *l = arg;
+    for (;;) {
+        pthread_mutex_lock(&l->q_lock);
+        while (!l->pending && !l->stop) pthread_cond_wait(&l->q_cond, &l->q_lock);
+        bool stop = l->stop && !l->pending;
+        pthread_mutex_unlock(&l->q_lock);
+        if (stop) return NULL;
+        pthread_mutex_lock(&l->out_lock);
+        if (write_pending(l) != CUBUF_SUCCESS)
+            cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed: %s", cubuf_last_error());
+        pthread_mutex_unlock(&l->out_lock);
+    }
+}
+
+/* Everything so far: the queued batches, then what the shards hold. */
 static cubuf_status_t flush(log_adaptor_t *l)
 {
     pthread_mutex_lock(&l->out_lock);
+    cubuf_status_t st = write_pending(l);
     /* Room for full shards: they may fill while others are copied. */
     log_event_t *all = cubuf__malloc((size_t)LOG_SHARDS * LOG_SHARD_EVENTS * sizeof *all);
-    cubuf_status_t st = CUBUF_SUCCESS;
     size_t n = 0;
     for (int i = 0; i < LOG_SHARDS; i++) {
         log_shard_t *s = &l->shards[i];
@@ -158,39 +261,54 @@ static cubuf_status_t flush(log_adaptor_t *l)
         s->n = 0;
         shard_unlock(s);
     }
-    const uint64_t stamp1 = stamp_now();
-    const int64_t ns1 = mono_ns();
-    const double scale = stamp1 > l->stamp0 ? (double)(ns1 - l->ns0) / (double)(stamp1 - l->stamp0) : 1.0;
-    qsort(all, n, sizeof *all, by_stamp);
-    char line[256];
-    for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
-        const log_event_t *e = &all[i];
-        int64_t t = l->ns0 + (int64_t)((double)(e->stamp - l->stamp0) * scale);
-        snprintf(line, sizeof line, "%lld,%d,%p,%s,0x%llx,%zu,%s", (long long)t, (int)e->tid,
-                 (void *)e->stream, e->op == OP_ALLOCATE ? "allocate" : "free",
-                 (unsigned long long)e->ptr, e->size, cubuf_status_name((cubuf_status_t)e->status));
-        st = emit(l, line);
-    }
-    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS)
-        st = cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
+    cubuf_status_t wst = write_events(l, all, n);
+    if (st == CUBUF_SUCCESS) st = wst;
     free(all);
     pthread_mutex_unlock(&l->out_lock);
     return st;
 }
 
+/* Frees what a (partly) made adaptor holds besides the resource. */
+static void log_free(log_adaptor_t *l)
+{
+    for (int i = 0; i < LOG_SHARDS; i++) free(l->shards[i].ev);
+    for (log_batch_t *b = l->spares, *next; b; b = next) {
+        next = b->next;
+        free(b->ev);
+        free(b);
+    }
+    if (l->file) fclose(l->file);
+    pthread_cond_destroy(&l->q_cond);
+    pthread_mutex_destroy(&l->q_lock);
+    pthread_mutex_destroy(&l->out_lock);
+}
+
 static void log_destroy(cubuf_resource_t *res)
 {
     log_adaptor_t *l = res->impl;
+    if (l->writer_started) {
+        pthread_mutex_lock(&l->q_lock);
+        l->stop = true;
+        pthread_cond_signal(&l->q_cond);
+        pthread_mutex_unlock(&l->q_lock);
+        pthread_join(l->writer, NULL);
+    }
     if (flush(l) != CUBUF_SUCCESS)
         cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: the last flush failed: %s", cubuf_last_error());
-    if (l->file) fclose(l->file);
-    pthread_mutex_destroy(&l->out_lock);
-    free(l->shards);
+    log_free(l);
     cubuf__adaptor_destroy(res);
 }
 
+/* A logging adaptor whose creation failed: released without a flush. */
+static const cubuf_resource_vtbl_t log_vtbl_unmade = {
+    .name = "logging adaptor",
+    .passes_stats = true,
+    .destroy = cubuf__adaptor_destroy,
+};
+
 static const cubuf_resource_vtbl_t log_vtbl = {
     .name = "logging adaptor",
+    .passes_stats = true,
     .allocate = log_allocate,
     .deallocate = log_deallocate,
     .destroy = log_destroy,
@@ -206,30 +324,40 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
                                          CUBUF_LOG_OPTIONS_SIZE_V1);
     if (st != CUBUF_SUCCESS) return st;
     CHECK_ARG(!o.path != !o.callback, "%s: set exactly one of path and callback", what);
-    log_shard_t *shards = cubuf__calloc(LOG_SHARDS, sizeof *shards);
-    if (!shards) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the event buffers", what);
     FILE *f = NULL;
     if (o.path && !(f = fopen(o.path, "we"))) {
         int e = errno;
-        free(shards);
         return cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: cannot open %s: %s", what, o.path, strerror(e));
     }
     cubuf_resource_t *res = NULL;
     if ((st = cubuf__adaptor_new(upstream, &log_vtbl, sizeof(log_adaptor_t), what, &res)) != CUBUF_SUCCESS) {
         if (f) fclose(f);
-        free(shards);
         return st;
     }
     log_adaptor_t *l = res->impl;
     l->file = f;
     l->callback = o.callback;
     l->user = o.user;
-    l->shards = shards;
     pthread_mutex_init(&l->out_lock, NULL);
+    pthread_mutex_init(&l->q_lock, NULL);
+    pthread_cond_init(&l->q_cond, NULL);
+    l->pending_tail = &l->pending;
     l->ns0 = mono_ns();
     l->stamp0 = stamp_now();
-    if ((st = emit(l, "# cubuf log 1: time_ns,thread,stream,operation,pointer,size,status")) !=
-        CUBUF_SUCCESS) {
+    for (int i = 0; i < LOG_SHARDS && st == CUBUF_SUCCESS; i++)
+        if (!(l->shards[i].ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof(log_event_t))))
+            st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the event buffers", what);
+    if (st == CUBUF_SUCCESS)
+        st = emit(l, "# cubuf log 1: time_ns,thread,stream,operation,pointer,size,status");
+    if (st == CUBUF_SUCCESS) {
+        int e = pthread_create(&l->writer, NULL, writer_main, l);
+        if (e) st = cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: cannot start the writer thread: %s", what, strerror(e));
+        l->writer_started = e == 0;
+    }
+    if (st != CUBUF_SUCCESS) {
+        log_free(l);
+        l->file = NULL;
+        res->vt = &log_vtbl_unmade;
         cubuf_resource_release(res);
         return st;
     }

@@ -150,6 +150,7 @@ static void track_destroy(cubuf_resource_t *res)
 
 static const cubuf_resource_vtbl_t track_vtbl = {
     .name = "tracking adaptor",
+    .passes_stats = true,
     .allocate = track_allocate,
     .deallocate = track_deallocate,
     .destroy = track_destroy,

@@ -62,7 +62,9 @@ cubuf_status_t cubuf_buffer_export_dmabuf(const cubuf_buffer_t *buf, const cubuf
     cubuf_span_t s = {0};
     if (!cubuf_buffer_is_device_accessible(buf)) {
         st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                         "%s: the buffer is host-only memory (no device can reach it)", what);
+                         "%s: no device can reach the buffer's memory (host-only memory, or "
+                         "virtual memory without access for its device)",
+                         what);
         goto out;
     }
     if ((st = cubuf__span_get(buf, what, &s)) != CUBUF_SUCCESS ||

@@ -1,6 +1,7 @@
-/* cubuf as a framework's allocator (cubuf/caching.h): one caching resource
- * per device over the device's default pool, behind the C signatures of
- * PyTorch's CUDAPluggableAllocator and CuPy's CFunctionAllocator. */
+/* cubuf as a framework's allocator (cubuf/caching.h): one resource per
+ * device (a caching resource over the device's default pool unless one was
+ * set), behind the C signatures of PyTorch's CUDAPluggableAllocator and
+ * CuPy's CFunctionAllocator. */
 #include <pthread.h>
 #include <string.h>
 
@@ -9,27 +10,61 @@
 
 #define FW_DEVICES 64
 
-static _Atomic(cubuf_resource_t *) fw_cache[FW_DEVICES];
+/* The resource each device serves, set once; `caching` is written before
+ * `res` is published and tells which of the two paths its calls take. */
+static struct fw_device {
+    _Atomic(cubuf_resource_t *) res;
+    bool caching;
+} fw_dev[FW_DEVICES];
 static pthread_mutex_t fw_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static cubuf_status_t fw_range(const char *fn, int device)
+{
+    if (device < 0 || device >= FW_DEVICES)
+        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: device %d is not in 0-%d", fn, device,
+                           FW_DEVICES - 1);
+    return CUBUF_SUCCESS;
+}
+
+/* Publishes r for the device. Under fw_mutex. */
+static void fw_publish(int device, cubuf_resource_t *r)
+{
+    fw_dev[device].caching = cubuf_is_caching_resource(r);
+    atomic_store_explicit(&fw_dev[device].res, r, memory_order_release);
+}
+
+cubuf_status_t cubuf_framework_set_resource(int device, cubuf_resource_t *res)
+{
+    static const char fn[] = "cubuf_framework_set_resource";
+    CHECK_ARG(res, "%s: NULL resource", fn);
+    cubuf_status_t st = fw_range(fn, device);
+    if (st != CUBUF_SUCCESS) return st;
+    pthread_mutex_lock(&fw_mutex);
+    if (atomic_load_explicit(&fw_dev[device].res, memory_order_relaxed))
+        st = cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                         "%s: device %d already has its resource (set once, before its first "
+                         "allocation)", fn, device);
+    else
+        fw_publish(device, cubuf_resource_retain(res));
+    pthread_mutex_unlock(&fw_mutex);
+    return st;
+}
 
 cubuf_status_t cubuf_framework_resource(int device, cubuf_resource_t **out)
 {
     CHECK_ARG(out, "cubuf_framework_resource: NULL argument");
-    if (device < 0 || device >= FW_DEVICES)
-        return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
-                           "cubuf_framework_resource: device %d is not in 0-%d", device,
-                           FW_DEVICES - 1);
-    cubuf_resource_t *r = atomic_load_explicit(&fw_cache[device], memory_order_acquire);
-    cubuf_status_t st = CUBUF_SUCCESS;
+    cubuf_status_t st = fw_range("cubuf_framework_resource", device);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_resource_t *r = atomic_load_explicit(&fw_dev[device].res, memory_order_acquire);
     if (!r) {
         pthread_mutex_lock(&fw_mutex);
-        r = atomic_load_explicit(&fw_cache[device], memory_order_relaxed);
+        r = atomic_load_explicit(&fw_dev[device].res, memory_order_relaxed);
         if (!r) {
             cubuf_resource_t *pool = NULL;
             st = cubuf_device_resource_create(device, NULL, &pool);
             if (st == CUBUF_SUCCESS) st = cubuf_caching_resource_create(pool, NULL, &r);
             cubuf_resource_release(pool); /* the cache holds it */
-            if (st == CUBUF_SUCCESS) atomic_store_explicit(&fw_cache[device], r, memory_order_release);
+            if (st == CUBUF_SUCCESS) fw_publish(device, r);
         }
         pthread_mutex_unlock(&fw_mutex);
     }
@@ -41,26 +76,39 @@ static inline cubuf_resource_t *fw_get(int device)
 {
     cubuf_resource_t *r = NULL;
     if (device >= 0 && device < FW_DEVICES &&
-        (r = atomic_load_explicit(&fw_cache[device], memory_order_acquire)) != NULL)
+        (r = atomic_load_explicit(&fw_dev[device].res, memory_order_acquire)) != NULL)
         return r;
     return cubuf_framework_resource(device, &r) == CUBUF_SUCCESS ? r : NULL;
 }
 
-void *cubuf_torch_alloc(size_t size, int device, CUstream stream)
+/* The caching fast path, or the raw interface of any other resource set. */
+static inline cubuf_status_t fw_alloc(int device, size_t size, CUstream stream, CUdeviceptr *p)
 {
     cubuf_resource_t *r = fw_get(device);
+    if (!r) return CUBUF_ERROR_OUT_OF_RANGE; /* the detail is set */
+    return fw_dev[device].caching ? cubuf_caching_allocate(r, size, stream, p)
+                                  : cubuf_resource_allocate_raw(r, size, stream, p);
+}
+
+static inline cubuf_status_t fw_free(int device, CUdeviceptr p, size_t size, CUstream stream)
+{
+    cubuf_resource_t *r = fw_get(device);
+    if (!r) return CUBUF_ERROR_OUT_OF_RANGE;
+    return fw_dev[device].caching ? cubuf_caching_deallocate(r, p, size, stream)
+                                  : cubuf_resource_deallocate_raw(r, p, size, stream);
+}
+
+void *cubuf_torch_alloc(size_t size, int device, CUstream stream)
+{
     CUdeviceptr p = 0;
-    if (!r || cubuf_caching_allocate(r, size ? size : 1, stream, &p) != CUBUF_SUCCESS) return NULL;
+    if (fw_alloc(device, size ? size : 1, stream, &p) != CUBUF_SUCCESS) return NULL;
     return (void *)(uintptr_t)p;
 }
 
 void cubuf_torch_free(void *ptr, size_t size, int device, CUstream stream)
 {
     if (!ptr) return;
-    cubuf_resource_t *r = fw_get(device);
-    cubuf_status_t st = r ? cubuf_caching_deallocate(r, (CUdeviceptr)(uintptr_t)ptr,
-                                                     size ? size : 1, stream)
-                          : CUBUF_ERROR_OUT_OF_RANGE;
+    cubuf_status_t st = fw_free(device, (CUdeviceptr)(uintptr_t)ptr, size ? size : 1, stream);
     if (st != CUBUF_SUCCESS)
         cubuf__warn(st, "cubuf_torch_free: %p (%zu bytes, device %d) not freed: %s", ptr, size,
                     device, cubuf_last_error());
@@ -148,10 +196,9 @@ void *cubuf_cupy_malloc(void *param, size_t size, int device)
 {
     (void)param;
     pthread_once(&shards_once, shards_init);
-    cubuf_resource_t *r = fw_get(device);
     CUdeviceptr p = 0;
     if (!size) size = 1;
-    if (!r || cubuf_caching_allocate(r, size, CU_STREAM_LEGACY, &p) != CUBUF_SUCCESS) return NULL;
+    if (fw_alloc(device, size, CU_STREAM_LEGACY, &p) != CUBUF_SUCCESS) return NULL;
     uint64_t h = ptr_hash(p);
     shard_t *s = shard_of(h);
     pthread_mutex_lock(&s->mutex);
@@ -159,7 +206,7 @@ void *cubuf_cupy_malloc(void *param, size_t size, int device)
     if (ok) shard_put(s, h, p, size);
     pthread_mutex_unlock(&s->mutex);
     if (!ok) {
-        (void)cubuf_caching_deallocate(r, p, size, CU_STREAM_LEGACY);
+        (void)fw_free(device, p, size, CU_STREAM_LEGACY);
         cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cubuf_cupy_malloc: cannot grow the pointer table");
         return NULL;
     }
@@ -177,10 +224,9 @@ void cubuf_cupy_free(void *param, void *ptr, int device)
     pthread_mutex_lock(&s->mutex);
     size_t size = shard_take(s, h, p);
     pthread_mutex_unlock(&s->mutex);
-    cubuf_resource_t *r = fw_get(device);
-    cubuf_status_t st = !size ? cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "not allocated by cubuf_cupy_malloc")
-                        : r   ? cubuf_caching_deallocate(r, p, size, CU_STREAM_LEGACY)
-                              : CUBUF_ERROR_OUT_OF_RANGE;
+    cubuf_status_t st = size ? fw_free(device, p, size, CU_STREAM_LEGACY)
+                             : cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                                           "not allocated by cubuf_cupy_malloc");
     if (st != CUBUF_SUCCESS)
         cubuf__warn(st, "cubuf_cupy_free: %p (device %d) not freed: %s", ptr, device,
                     cubuf_last_error());

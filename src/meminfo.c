@@ -101,6 +101,22 @@ cubuf_status_t cubuf__span_get(const cubuf_buffer_t *buf, const char *what, cubu
         span->offset = first;
         return CUBUF_SUCCESS;
     }
+    /* The mapped allocation, as the engines ask for it: the attributes'
+     * range may be a whole reservation (a pool's), cuMemGetAddressRange's is
+     * what is mapped. It knows no pinned host memory; there the attributes
+     * give the allocation. */
+    CUdeviceptr mapped = 0;
+    size_t mapped_size = 0;
+    r = CU_CALL(cuMemGetAddressRange, &mapped, &mapped_size, ptr);
+    if (r == CUDA_SUCCESS) {
+        start = mapped;
+        range = mapped_size;
+    } else if (r != CUDA_ERROR_NOT_FOUND && r != CUDA_ERROR_INVALID_VALUE &&
+               r != CUDA_ERROR_INVALID_CONTEXT) {
+        cubuf_status_t st = cubuf__cu_status(r, "cuMemGetAddressRange");
+        cubuf__detail_append("%s: pointer 0x%llx", what, (unsigned long long)ptr);
+        return st;
+    }
     if (start == 0 || range == 0)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: the driver does not know the buffer's memory at 0x%llx (host-only "

@@ -115,7 +115,7 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
     if (stats->struct_size > CUBUF_RESOURCE_STATS_SIZE_V1 &&
         (st = cubuf__pool_usage(res, &s)) != CUBUF_SUCCESS)
         return st;
-    cubuf_resource_t *r = (cubuf_resource_t *)res; /* the lock is not part of the value */
+    cubuf_resource_t *r = cubuf__stats_owner(res); /* the lock is not part of the value */
     cubuf__resource_lock(r);
     cubuf_tally_t t = r->tally;
     cubuf__resource_unlock(r);
@@ -137,8 +137,9 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
  * resource's context too) and the free share one stream, whatever the
  * caller has current (cubuf.h, "Default streams"). *in_ctx: that context
  * is current, so the resource need not push it. */
-static cubuf_status_t bind_stream(const cubuf_resource_t *res, CUstream stream, CUcontext current,
-                                  cubuf_stream_token_t *t, bool *in_ctx)
+static inline __attribute__((always_inline)) cubuf_status_t
+bind_stream(const cubuf_resource_t *res, CUstream stream, CUcontext current, cubuf_stream_token_t *t,
+            bool *in_ctx)
 {
     t->stream = stream;
     t->ctx = NULL;
@@ -193,8 +194,9 @@ static void unadmit_locked(cubuf_resource_t *res, size_t size)
 /* The resource step of every allocation and its counting. rec->size > 0
  * and rec->dealloc are set. `hold`: rec is a buffer, which holds the
  * resource (a reference, taken in the same critical section). */
-static cubuf_status_t allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream,
-                                       bool in_ctx, bool hold, cubuf_charge_t *charge)
+static inline __attribute__((always_inline)) cubuf_status_t
+allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bool in_ctx, bool hold,
+                 cubuf_charge_t *charge)
 {
     const size_t asked = rec->size;
     const bool capped = res->cap != SIZE_MAX;
@@ -202,6 +204,14 @@ static cubuf_status_t allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *re
     if (__builtin_expect(capped, 0) && (st = admit(res, asked)) != CUBUF_SUCCESS) return st;
     *charge = (cubuf_charge_t){asked, 1};
     st = res->vt->allocate(res, rec, stream, in_ctx, charge);
+    if (res->vt->passes_stats) { /* counted by the upstream: only a buffer's hold */
+        if (st == CUBUF_SUCCESS && hold) {
+            cubuf__resource_lock(res);
+            res->refs++;
+            cubuf__resource_unlock(res);
+        }
+        return st;
+    }
     if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
         if (capped) {
             cubuf__resource_lock(res);
@@ -221,16 +231,18 @@ static cubuf_status_t allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *re
 }
 
 /* The resource step of every free and its counting; nothing changes on failure. */
-static cubuf_status_t free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec,
-                                   const cubuf_stream_token_t *token, bool unhold,
-                                   cubuf_charge_t *charge)
+static inline __attribute__((always_inline)) cubuf_status_t
+free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, const cubuf_stream_token_t *token, bool unhold,
+             cubuf_charge_t *charge)
 {
     const size_t size = rec->size;
     *charge = (cubuf_charge_t){size, 1};
     cubuf_status_t st = res->vt->deallocate(res, rec, token, charge);
     if (st != CUBUF_SUCCESS) return st;
+    const bool counted = !res->vt->passes_stats;
+    if (!counted && !unhold) return CUBUF_SUCCESS;
     cubuf__resource_lock(res);
-    cubuf__count_locked(res, -1, size, charge);
+    if (counted) cubuf__count_locked(res, -1, size, charge);
     bool last = unhold && --res->refs == 0;
     cubuf__resource_unlock(res);
     if (last) cubuf__resource_destroy(res);
@@ -401,17 +413,43 @@ static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr
     return CUBUF_SUCCESS;
 }
 
+cubuf_status_t cubuf__record_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+                                      cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0)) {
+        CUdeviceptr p = 0;
+        cubuf_status_t st = raw_keep_allocate(res, rec->size, &rec->dealloc, in_ctx, &p, charge);
+        if (st == CUBUF_SUCCESS) rec->ptr = p;
+        return st;
+    }
+    return allocate_counted(res, rec, rec->dealloc.stream, in_ctx, false, charge);
+}
+
+cubuf_status_t cubuf__record_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
+                                  const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
+        return raw_keep_deallocate(res, rec->ptr, rec->size, token, charge);
+    return free_counted(res, rec, token, false, charge);
+}
+
+/* A raw record: what the resources' allocate and deallocate read of a buffer. */
+static inline void raw_record(cubuf_buffer_t *rec, cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
+                              const cubuf_stream_token_t *t)
+{
+    cubuf__buffer_init(rec);
+    rec->ptr = ptr;
+    rec->size = size;
+    rec->dealloc = *t;
+    rec->resource = res;
+}
+
 cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
                                    bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge)
 {
-    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
-        return raw_keep_allocate(res, size, on, in_ctx, ptr, charge);
     cubuf_buffer_t rec;
-    cubuf__buffer_init(&rec);
-    rec.size = size;
-    rec.dealloc = *on;
-    rec.resource = res;
-    cubuf_status_t st = allocate_counted(res, &rec, on->stream, in_ctx, false, charge);
+    raw_record(&rec, res, 0, size, on);
+    cubuf_status_t st = cubuf__record_allocate(res, &rec, in_ctx, charge);
     if (__builtin_expect(st == CUBUF_SUCCESS, 1)) *ptr = rec.ptr;
     return st;
 }
@@ -419,15 +457,9 @@ cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cub
 cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
-    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
-        return raw_keep_deallocate(res, ptr, size, token, charge);
     cubuf_buffer_t rec;
-    cubuf__buffer_init(&rec);
-    rec.ptr = ptr;
-    rec.size = size;
-    rec.dealloc = *token;
-    rec.resource = res;
-    return free_counted(res, &rec, token, false, charge);
+    raw_record(&rec, res, ptr, size, token);
+    return cubuf__record_free(res, &rec, token, charge);
 }
 
 cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size, CUstream stream,

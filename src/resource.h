@@ -62,6 +62,11 @@ typedef struct cubuf_resource_vtbl {
     bool raw_keeps_buffer;
     /* Optional: the CUmemoryPool behind the resource (pool resources). */
     CUmemoryPool (*pool)(const cubuf_resource_t *res);
+    /* An adaptor that keeps no statistics of its own (logging, tracking,
+     * the failure callback): its allocations are counted by its upstream,
+     * whose figures reading its statistics gives (res->stats_from), and its
+     * path takes no lock for them. */
+    bool passes_stats;
 } cubuf_resource_vtbl_t;
 
 /* ---- the resource ---------------------------------------------------------- */
@@ -94,6 +99,7 @@ struct cubuf_resource {
     cubuf_scope_t *scope; /* innermost pushed scope or NULL (statistics adaptors) */
     size_t cap;           /* bytes the resource may have allocated; SIZE_MAX: no cap (limiting adaptors) */
     struct cubuf_raw_map *raw;
+    cubuf_resource_t *stats_from; /* vt->passes_stats: the upstream whose figures are read */
     void *impl; /* kind-specific state */
     unsigned char ipc_pool_id[16]; /* pools: IPC identity, random, set on first export (ipc.c) */
 };
@@ -171,10 +177,28 @@ cubuf_status_t cubuf__resource_free_buffer(cubuf_resource_t *res, cubuf_buffer_t
 /* Takes over [ptr, ptr+size) for buf (cubuf_buffer_wrap): counted, held. */
 void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf);
 
-/* The raw path one layer down, for resources over an upstream (adaptors):
- * `on` is the stream already bound (cubuf__stream_record, or the token the
- * caller's allocation was given), `in_ctx` as for vtbl allocate. *charge
- * receives what the upstream moved. */
+/* The resource whose figures res's statistics are: res, or for an adaptor
+ * that passes them on, the first upstream that keeps its own. */
+static inline cubuf_resource_t *cubuf__stats_owner(const cubuf_resource_t *res)
+{
+    while (res->stats_from) res = res->stats_from;
+    return (cubuf_resource_t *)res;
+}
+
+/* One layer down, for resources over an upstream (adaptors): the
+ * allocation of rec->size bytes on rec->dealloc (bound already) by `res`,
+ * into rec->ptr, rec being the caller's own record (a buffer object or a
+ * raw record), which the upstream only reads size and stream from and
+ * writes the pointer to; and its free. `in_ctx` as for vtbl allocate;
+ * *charge receives what the upstream moved. */
+cubuf_status_t cubuf__record_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+                                      cubuf_charge_t *charge);
+cubuf_status_t cubuf__record_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
+                                  const cubuf_stream_token_t *token, cubuf_charge_t *charge);
+
+/* The raw path: as the record functions, from a pointer and size. `on` is
+ * the stream already bound (cubuf__stream_record, or the token the caller's
+ * allocation was given). */
 cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
                                    bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge);
 cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,

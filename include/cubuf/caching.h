@@ -224,7 +224,8 @@ CUBUF_API cubuf_status_t cubuf_caching_stats(const cubuf_resource_t *res, cubuf_
  * Each device gets one caching resource (default options) over a device
  * resource on the device's default pool (cubuf_device_resource_create with
  * NULL options), made at the device's first allocation and kept for the
- * life of the process. These functions are what a framework calls; they
+ * life of the process, unless cubuf_framework_set_resource chose another
+ * resource first. These functions are what a framework calls; they
  * report failure as the framework expects (a NULL pointer), with the
  * reason in cubuf_last_error() on the calling thread. Thread-safe. A
  * request of 0 bytes is served as 1 byte (a distinct, freeable pointer).
@@ -258,6 +259,18 @@ CUBUF_API void cubuf_cupy_free(void *param, void *ptr, int device);
  * cubuf_device_resource_create and cubuf_caching_resource_create return.
  */
 CUBUF_API cubuf_status_t cubuf_framework_resource(int device, cubuf_resource_t **out);
+
+/**
+ * Makes `res` (retained for the life of the process) the resource the
+ * functions above serve for `device`, before the device's first use: a
+ * caching resource takes its fast path (cubuf_caching_allocate), any other
+ * resource its raw-pointer interface (a logging adaptor, cubuf/adaptor.h,
+ * records what the framework asks for). Returns
+ * CUBUF_ERROR_INVALID_ARGUMENT (res NULL, or the device already has its
+ * resource: set once, before its first allocation or
+ * cubuf_framework_resource), CUBUF_ERROR_OUT_OF_RANGE (device outside 0-63).
+ */
+CUBUF_API cubuf_status_t cubuf_framework_set_resource(int device, cubuf_resource_t *res);
 
 #ifdef __cplusplus
 }

@@ -87,14 +87,16 @@ typedef struct cubuf_dmabuf {
  * Exports the memory that holds `buf` as a dma-buf file descriptor
  * (cuMemGetHandleForAddressRange, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), the
  * form in which RDMA engines register GPU memory with a network card
- * (ibv_reg_dmabuf_mr(pd, out->offset, size, iova, out->fd, access); UCX
- * ucp_mem_map with a dma-buf; libfabric FI_HMEM dmabuf).
+ * (ibv_reg_dmabuf_mr(pd, out->offset, size, iova, out->fd, access);
+ * libfabric's fi_mr_regattr with FI_MR_DMABUF; UCT's uct_md_mem_reg with
+ * dmabuf_fd and dmabuf_offset; see docs/DISTRIBUTED.md).
  *
  * What is exported: the page-aligned span of the memory the buffer lies in,
  * so that out->offset + cubuf_buffer_size(buf) <= out->size:
  *  - memory of an allocation the driver knows as one (cuMemAlloc, pool
  *    allocations, context buffers, views of them): the allocation
- *    (CU_POINTER_ATTRIBUTE_RANGE_START_ADDR / RANGE_SIZE), its start rounded
+ *    (cuMemGetAddressRange; for pinned host memory, which it does not know,
+ *    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR / RANGE_SIZE), its start rounded
  *    down and its end rounded up to the host page size, as NCCL, UCX and
  *    libfabric do. For a small pool allocation that span can cover bytes of
  *    the neighbouring allocations of the same pool;
@@ -103,10 +105,11 @@ typedef struct cubuf_dmabuf {
  *    the whole range (the driver accepts a range of several physical
  *    allocations, measured with two on the H200, driver 580). After a grow,
  *    export the new buffer again: the old dma-buf covers the old range only.
- * The fd is new and the caller's: close it when the engine is done with it
- * (the dma-buf keeps the memory's pages alive until the last user of the
- * dma-buf is gone; closing the buffer first is allowed, but the engine must
- * stop using the registration before). Each call gives a new fd.
+ * The fd is new and the caller's: close it when the engine no longer needs
+ * it (an RDMA registration holds the dma-buf itself, so the fd may be closed
+ * right after registering). Deregister before closing the buffer: the
+ * driver does not document what a dma-buf of freed memory reaches. Each
+ * call gives a new fd.
  * `options` may be NULL (defaults).
  *
  * Which memory: device memory of a device whose cubuf_dist_caps_t::dmabuf is
@@ -115,9 +118,10 @@ typedef struct cubuf_dmabuf {
  *
  * Returns:
  *  - CUBUF_ERROR_INVALID_ARGUMENT: buf or out NULL, struct_size of options
- *    or out below its first layout, a buffer of size 0, or host-only memory
- *    (pageable memory the driver does not know).
- *  - CUBUF_ERROR_CLOSED: buf (or the buffer it slices) is closed.
+ *    or out below its first layout, a buffer of size 0, memory no device
+ *    can reach (pageable host memory the driver does not know, virtual
+ *    memory made with owner_access NONE).
+ *  - CUBUF_ERROR_CLOSED: buf is closed.
  *  - CUBUF_ERROR_NOT_SUPPORTED: managed memory (the driver documents no
  *    dma-buf of it); pinned host memory from a pool or from virtual memory
  *    (only cuMemHostAlloc memory is documented); the device lacks dma-buf
@@ -125,7 +129,10 @@ typedef struct cubuf_dmabuf {
  *    where the platform has no PCIe mapping; a driver without
  *    cuMemGetHandleForAddressRange (before 11.7); a buffer that spans more
  *    than the one allocation the driver reports.
- *  - CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_DRIVER (the detail names the span).
+ *  - CUBUF_ERROR_SYSTEM: close-on-exec could not be set (the fd is closed).
+ *  - CUBUF_ERROR_OUT_OF_MEMORY (virtual memory: the list of physical
+ *    allocations), CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_DRIVER (the detail
+ *    names the span).
  * On failure no fd is open. Thread-safe; must not race with a close of buf.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_export_dmabuf(const cubuf_buffer_t *buf,
@@ -147,10 +154,11 @@ CUBUF_API cubuf_status_t cubuf_buffer_export_dmabuf(const cubuf_buffer_t *buf,
  *    stays valid, and the new buffer's extent adds the new part. A grow that
  *    moves gives another base.
  *  - handle_types: the CUmemAllocationHandleType bits every physical
- *    allocation of the span can be exported as (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
- *    CU_MEM_HANDLE_TYPE_FABRIC); 0: none (cuMemAlloc memory, pools without
- *    IPC). For virtual memory, the types its physical allocations were
- *    created with (after a fabric fallback: POSIX fd).
+ *    allocation of the span can be exported as
+ *    (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_FABRIC;
+ *    0: none). For virtual memory, the types its physical allocations were
+ *    created with (after a fabric fallback: POSIX fd); for other memory,
+ *    the driver's CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES.
  *  - gpu_direct_rdma: every physical allocation of the span is GPUDirect
  *    RDMA capable (VMM memory made with gpu_direct_rdma; other memory: the
  *    driver's CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE).
@@ -179,14 +187,18 @@ typedef struct cubuf_memory_info {
     (offsetof(cubuf_memory_info_t, buffer_id) + sizeof(unsigned long long))
 
 /**
- * Fills *info for `buf` up to info->struct_size. One cuPointerGetAttributes
- * call; plus, for virtual memory, one cuMemGetAllocationPropertiesFromHandle
- * per physical allocation, else one cuPointerGetAttribute (RDMA capability).
+ * Fills *info for `buf` up to info->struct_size (base and extent as
+ * cubuf_buffer_export_dmabuf finds them, before the page rounding). One
+ * cuPointerGetAttributes call; plus, for virtual memory, one
+ * cuMemGetAllocationPropertiesFromHandle per physical allocation, else one
+ * cuMemGetAddressRange and one cuPointerGetAttribute (RDMA capability).
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, struct_size too small, a
  * buffer of size 0, host-only memory the driver does not know),
  * CUBUF_ERROR_CLOSED, CUBUF_ERROR_NOT_SUPPORTED (a driver without
- * cuMemGetAllocationPropertiesFromHandle, for virtual memory),
- * CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER.
+ * cuMemGetAllocationPropertiesFromHandle, for virtual memory; a buffer that
+ * spans more than the one allocation the driver reports),
+ * CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER. Thread-safe; must not race
+ * with a close of buf.
  */
 CUBUF_API cubuf_status_t cubuf_buffer_memory_info(const cubuf_buffer_t *buf, cubuf_memory_info_t *info);
 

@@ -3,8 +3,14 @@ cubuf_torch_alloc / cubuf_torch_free) trains an MLP on random data to the
 same losses, bit for bit, as with PyTorch's own allocator. The allocator can
 only be chosen before CUDA's first use, so each run is its own process.
 
-usage: torch_mlp.py LIBCUBUF  (exit 0 same losses, 1 different, 77 skipped)
+With --log PATH a third run serves PyTorch from a logging adaptor
+(cubuf/adaptor.h) over the device pool, set with cubuf_framework_set_resource,
+and writes the training loop's allocations to PATH for `cubuf replay`; its
+losses must match too.
+
+usage: torch_mlp.py LIBCUBUF [--log PATH]  (exit 0 same losses, 1 not, 77 skipped)
 """
+import ctypes
 import json
 import os
 import subprocess
@@ -13,9 +19,34 @@ import sys
 STEPS = 300
 
 
-def train(mode, lib):
+class LogOptions(ctypes.Structure):
+    # cubuf_log_options_t (include/cubuf/adaptor.h)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("path", ctypes.c_char_p),
+                ("callback", ctypes.c_void_p), ("user", ctypes.c_void_p)]
+
+
+def logging_resource(lib, path):
+    """A logging adaptor over device 0's pool, made device 0's framework resource."""
+    c = ctypes.CDLL(lib)
+    vp = ctypes.c_void_p
+    c.cubuf_device_resource_create.argtypes = [ctypes.c_int, vp, ctypes.POINTER(vp)]
+    c.cubuf_log_adaptor_create.argtypes = [vp, ctypes.POINTER(LogOptions), ctypes.POINTER(vp)]
+    c.cubuf_framework_set_resource.argtypes = [ctypes.c_int, vp]
+    c.cubuf_log_adaptor_flush.argtypes = [vp]
+    pool, log = vp(), vp()
+    opts = LogOptions(ctypes.sizeof(LogOptions), path.encode(), None, None)
+    for st in (lambda: c.cubuf_device_resource_create(0, None, ctypes.byref(pool)),
+               lambda: c.cubuf_log_adaptor_create(pool, ctypes.byref(opts), ctypes.byref(log)),
+               lambda: c.cubuf_framework_set_resource(0, log)):
+        if st() != 0:
+            raise RuntimeError("cubuf setup failed")
+    return lambda: c.cubuf_log_adaptor_flush(log)
+
+
+def train(mode, lib, log_path=None):
     import torch
-    if mode == "cubuf":
+    flush = logging_resource(lib, log_path) if mode == "log" else None
+    if mode in ("cubuf", "log"):
         alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "cubuf_torch_alloc", "cubuf_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     torch.use_deterministic_algorithms(True)
@@ -44,6 +75,8 @@ def train(mode, lib):
         losses.append(loss.item().hex())
     torch.cuda.synchronize()
     out = {"losses": losses, "misaligned": sum(1 for p in ptrs if p % 512)}
+    if flush and flush() != 0:
+        raise RuntimeError("cubuf_log_adaptor_flush failed")
     if mode == "cubuf":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import cubuf_stats
@@ -52,10 +85,11 @@ def train(mode, lib):
 
 
 def main():
-    if len(sys.argv) == 3:
-        train(sys.argv[2], sys.argv[1])
+    if len(sys.argv) >= 4 and sys.argv[2] == "--child":
+        train(sys.argv[3], sys.argv[1], sys.argv[4] if len(sys.argv) > 4 else None)
         return 0
     lib = os.path.abspath(sys.argv[1])
+    log_path = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--log" else None
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure means no torch here
@@ -66,8 +100,9 @@ def main():
         return 77
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
     runs = {}
-    for mode in ("native", "cubuf"):
-        p = subprocess.run([sys.executable, __file__, lib, mode], env=env,
+    for mode in ("native", "cubuf") + (("log",) if log_path else ()):
+        args = [sys.executable, __file__, lib, "--child", mode] + ([log_path] if mode == "log" else [])
+        p = subprocess.run(args, env=env,
                            capture_output=True, text=True, timeout=500)
         if p.returncode != 0:
             print("%s run failed (%d):\n%s%s" % (mode, p.returncode, p.stdout, p.stderr))
@@ -87,6 +122,13 @@ def main():
     if s["hits"] < STEPS or s["misses"] == 0:
         print("FAIL: cubuf did not serve the run (%d hits, %d misses)" % (s["hits"], s["misses"]))
         ok = False
+    if log_path:
+        with open(log_path) as f:
+            events = sum(1 for line in f if not line.startswith("#"))
+        print("log: %d events in %s (cubuf replay %s --resource caching)" % (events, log_path, log_path))
+        if runs["log"]["losses"] != a or events < 2 * STEPS:
+            print("FAIL: the logged run differs or logged too little (%d events)" % events)
+            ok = False
     if runs["cubuf"]["misaligned"]:
         print("FAIL: %d tensors not 512-byte aligned with cubuf" % runs["cubuf"]["misaligned"])
         ok = False
