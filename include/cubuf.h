@@ -725,6 +725,12 @@ typedef struct cubuf_device_resource_options {
     /** Bytes the pool keeps cached at a synchronization (SIZE_MAX: all).
      *  CUBUF_RELEASE_THRESHOLD_DEFAULT (the default): see cubuf_device_resource_create. */
     size_t release_threshold;
+    /** private pool only (cubuf 0.5): ask for fabric handles too (multi-node
+     *  NVLink, an IMEX channel needed). Where the driver refuses them
+     *  (CUDA_ERROR_NOT_PERMITTED or NOT_SUPPORTED) the pool is made with
+     *  POSIX fds instead, ipc_enabled reads true in its properties and
+     *  cubuf_resource_fabric_fallback (cubuf/dist.h) says so. */
+    bool fabric;
 } cubuf_device_resource_options_t;
 
 /** release_threshold: the default pool's threshold is left as it is; a
@@ -732,7 +738,7 @@ typedef struct cubuf_device_resource_options {
 #define CUBUF_RELEASE_THRESHOLD_DEFAULT (SIZE_MAX - 1)
 
 #define CUBUF_DEVICE_RESOURCE_OPTIONS_INIT \
-    {sizeof(cubuf_device_resource_options_t), false, 0, false, CUBUF_RELEASE_THRESHOLD_DEFAULT}
+    {sizeof(cubuf_device_resource_options_t), false, 0, false, CUBUF_RELEASE_THRESHOLD_DEFAULT, false}
 
 /** Size of the first released layout (cubuf 0.1, up to release_threshold). */
 #define CUBUF_DEVICE_RESOURCE_OPTIONS_SIZE_V1 \

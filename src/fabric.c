@@ -10,7 +10,7 @@ cubuf_status_t cubuf_resource_fabric_fallback(const cubuf_resource_t *res, bool 
 {
     CHECK_ARG(res && fell_back, "cubuf_resource_fabric_fallback: NULL argument");
     const vmm_res_t *vr = cubuf__vmm_of(res);
-    *fell_back = vr && vr->fabric_fallback;
+    *fell_back = res->fabric_fallback || (vr && vr->fabric_fallback);
     return CUBUF_SUCCESS;
 }
 

@@ -137,10 +137,15 @@ cubuf_status_t cubuf__ipc_export_vmm(const cubuf_buffer_t *root, uint64_t offset
                                      cubuf_ipc_descriptor_t **out)
 {
     cubuf_resource_t *res = root->resource;
-    if (!(cubuf__vmm_handle_type(res) & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    unsigned types = (unsigned)cubuf__vmm_handle_type(res);
+    /* Memory with fabric handles only travels as fabric handles; memory
+     * with both as POSIX fds (the importer may lack an IMEX channel). */
+    bool fabric = !(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
+                  (types & CU_MEM_HANDLE_TYPE_FABRIC);
+    if (!fabric && !(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                           "cubuf_buffer_ipc_descriptor: the VMM resource does not allow POSIX fd "
-                           "handles (set them in its options)");
+                           "cubuf_buffer_ipc_descriptor: the VMM resource allows neither POSIX fd "
+                           "nor fabric handles (set them in its options)");
     cubuf_vmm_chunk_t *chunks = NULL;
     size_t n = 0, first = 0, lo = 0, hi = 0;
     uint64_t lo_pos = 0;
@@ -158,7 +163,8 @@ cubuf_status_t cubuf__ipc_export_vmm(const cubuf_buffer_t *root, uint64_t offset
                          count, CUBUF_IPC_MAX_CHUNKS);
         goto fail;
     }
-    CHECK(cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_VMM, count, &d));
+    CHECK(fabric ? cubuf__ipc_desc_new_fabric(count, &d)
+                 : cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_VMM, count, &d));
     d->granularity = cubuf__vmm_granularity(res);
     d->size = size;
     d->offset = start - lo_pos;
@@ -168,6 +174,15 @@ cubuf_status_t cubuf__ipc_export_vmm(const cubuf_buffer_t *root, uint64_t offset
     }
     CHECK(cubuf__ctx_push(res->ctx->handle, &g));
     for (size_t k = 0; k < count; k++) {
+        if (fabric) {
+            st = cubuf__ipc_fabric_export(chunks[lo + k].handle,
+                                          d->fabric_handles + CUBUF__IPC_FABRIC_HANDLE_BYTES * k);
+            if (st != CUBUF_SUCCESS) {
+                cubuf__detail_append("chunk %zu of %zu (fabric handle)", k + 1, count);
+                goto fail;
+            }
+            continue;
+        }
         int fd = -1;
         st = CU(cuMemExportToShareableHandle, &fd, chunks[lo + k].handle,
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -567,13 +582,21 @@ static cubuf_status_t import_vmm(const cubuf_context_t *c, cubuf_ipc_access_t ac
     }
     memcpy(imp->sizes, d->chunk_sizes, n * sizeof *imp->sizes);
     imp->extent = d->extent;
+    bool fabric = d->handle_type == CUBUF__IPC_HANDLE_FABRIC;
     for (size_t i = 0; i < n; i++) {
-        st = CU(cuMemImportFromShareableHandle, &imp->handles[i], (void *)(uintptr_t)d->fds[i],
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        st = fabric ? cubuf__ipc_fabric_import(d->fabric_handles + CUBUF__IPC_FABRIC_HANDLE_BYTES * i,
+                                               &imp->handles[i])
+                    : CU(cuMemImportFromShareableHandle, &imp->handles[i],
+                         (void *)(uintptr_t)d->fds[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (st != CUBUF_SUCCESS) {
-            cubuf__detail_append("chunk %zu of %zu, fd %d: not a CUDA allocation handle this "
-                                 "process can import",
-                                 i + 1, n, d->fds[i]);
+            if (fabric)
+                cubuf__detail_append("chunk %zu of %zu: a fabric handle this process cannot "
+                                     "import (an IMEX channel of the exporter's NVLink domain?)",
+                                     i + 1, n);
+            else
+                cubuf__detail_append("chunk %zu of %zu, fd %d: not a CUDA allocation handle this "
+                                     "process can import",
+                                     i + 1, n, d->fds[i]);
             goto fail;
         }
         imp->nhandles = i + 1;

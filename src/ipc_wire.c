@@ -300,12 +300,6 @@ cubuf_status_t cubuf__ipc_desc_validate(const cubuf_ipc_descriptor_t *desc)
 {
     cubuf_status_t st = check_fields(desc);
     if (st == CUBUF_SUCCESS) st = check_fds(desc->mechanism, desc->fds, desc->nfds);
-    /* Export and import (ipc.c) handle fds only so far: a fabric-handle
-     * descriptor is refused there until they use cubuf__ipc_fabric_export
-     * and cubuf__ipc_fabric_import (then remove this). */
-    if (st == CUBUF_SUCCESS && desc->handle_type == CUBUF__IPC_HANDLE_FABRIC)
-        st = cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                         "IPC descriptor: fabric handles cannot be imported by this cubuf yet");
     return st;
 }
 

@@ -100,6 +100,7 @@ struct cubuf_resource {
     size_t cap;           /* bytes the resource may have allocated; SIZE_MAX: no cap (limiting adaptors) */
     struct cubuf_raw_map *raw;
     cubuf_resource_t *stats_from; /* vt->passes_stats: the upstream whose figures are read */
+    bool fabric_fallback; /* asked for fabric handles, made with POSIX fds (pools; VMM keeps its own) */
     void *impl; /* kind-specific state */
     unsigned char ipc_pool_id[16]; /* pools: IPC identity, random, set on first export (ipc.c) */
 };

@@ -299,6 +299,23 @@ static cubuf_status_t create_pool(const CUmemPoolProps *props, cuuint64_t thresh
     return CUBUF_SUCCESS;
 }
 
+/* A private pool that asks for fabric handles (with POSIX fds or not): made
+ * with them where the driver grants them, else with POSIX fds alone
+ * (*fell_back): the driver refuses fabric without an IMEX channel
+ * (CUDA_ERROR_NOT_PERMITTED) or support (CUDA_ERROR_NOT_SUPPORTED). */
+static cubuf_status_t create_fabric_pool(const cubuf_context_t *ctx, CUmemPoolProps *pp,
+                                         cuuint64_t threshold, CUmemoryPool *out, bool *fell_back)
+{
+    pp->handleTypes = (CUmemAllocationHandleType)(pp->handleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+    cubuf_status_t st = create_pool(pp, threshold, out);
+    CUresult r = cubuf_last_cuda_result();
+    if (st == CUBUF_SUCCESS || (r != CUDA_ERROR_NOT_PERMITTED && r != CUDA_ERROR_NOT_SUPPORTED)) return st;
+    if ((st = require_posix_fd_pools(ctx)) != CUBUF_SUCCESS) return st;
+    pp->handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    *fell_back = true;
+    return create_pool(pp, threshold, out);
+}
+
 /* Wraps a pool in a resource. On failure the caller still owns ctx and pool. */
 static cubuf_status_t wrap_pool(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx, CUmemoryPool pool,
                                 const cubuf_resource_props_t *props, cubuf_resource_t **out)
@@ -330,8 +347,8 @@ cubuf_status_t cubuf_device_resource_create(int ordinal,
                                              "cubuf_device_resource_options_t", &o, sizeof o, options,
                                              CUBUF_DEVICE_RESOURCE_OPTIONS_SIZE_V1);
         if (st != CUBUF_SUCCESS) return st;
-        CHECK_ARG(o.private_pool || (o.max_size == 0 && !o.ipc_enabled),
-                  "cubuf_device_resource_create: max_size and ipc_enabled need private_pool "
+        CHECK_ARG(o.private_pool || (o.max_size == 0 && !o.ipc_enabled && !o.fabric),
+                  "cubuf_device_resource_create: max_size, ipc_enabled and fabric need private_pool "
                   "(the device's default pool is shared and cannot change them)");
     }
     cubuf_context_t *ctx = NULL;
@@ -349,7 +366,7 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
     cubuf_status_t st;
     cubuf_ctx_guard_t g = {false};
     CUmemoryPool pool = NULL;
-    bool owned = false;
+    bool owned = false, fell_back = false;
     CHECK(cubuf__ctx_push(ctx->handle, &g));
     CHECK(require_pools(ctx));
     if (o.ipc_enabled) CHECK(require_posix_fd_pools(ctx));
@@ -362,7 +379,8 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
         pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         pp.location.id = ordinal;
         pp.maxSize = o.max_size;
-        CHECK(create_pool(&pp, threshold_of(o.release_threshold), &pool));
+        if (o.fabric) CHECK(create_fabric_pool(ctx, &pp, threshold_of(o.release_threshold), &pool, &fell_back));
+        else CHECK(create_pool(&pp, threshold_of(o.release_threshold), &pool));
         owned = true;
     } else {
         CHECK(CU(cuDeviceGetDefaultMemPool, &pool, ctx->device));
@@ -376,8 +394,9 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = ordinal;
     props.device_accessible = true;
-    props.ipc_enabled = o.ipc_enabled;
+    props.ipc_enabled = o.ipc_enabled || fell_back;
     CHECK(wrap_pool(owned ? &owned_pool_vtbl : &default_pool_vtbl, ctx, pool, &props, out));
+    (*out)->fabric_fallback = fell_back;
     cubuf__ctx_pop(&g);
     return CUBUF_SUCCESS;
 fail:

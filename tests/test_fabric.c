@@ -52,6 +52,59 @@ static void check_kind(cubuf_vmm_handle_type_t asked, const char *name, bool fab
     cubuf_resource_release(res);
 }
 
+/* A private pool asking for fabric handles: made with them where the
+ * driver grants them, else with POSIX fds (then exportable over IPC);
+ * refusals are forced with an injected result, so both ways run here. */
+static void pool_with(CUresult injected, bool expect_fallback)
+{
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.fabric = true;
+    cubuf_resource_t *res = NULL;
+    if (injected != CUDA_SUCCESS) T_CHECK(cubuf_fault_fail_nth("cuMemPoolCreate", 1, injected));
+    cubuf_status_t st = cubuf_device_resource_create(0, &o, &res);
+    bool fired = cubuf_fault_fired();
+    cubuf_fault_reset();
+    if (injected == CUDA_ERROR_OUT_OF_MEMORY) { /* not a refusal of fabric: the failure stays */
+        T_CHECK(fired);
+        T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+        T_CHECK(res == NULL);
+        return;
+    }
+    T_REQUIRE(st);
+    bool fell_back = !expect_fallback;
+    T_OK(cubuf_resource_fabric_fallback(res, &fell_back));
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(res, &p));
+    printf("pool asking for fabric (%s injected): %s\n", injected ? "a refusal" : "nothing",
+           fell_back ? "fell back to POSIX fds" : "made with fabric handles");
+    if (injected != CUDA_SUCCESS) T_CHECK(fired && fell_back);
+    T_CHECK(p.ipc_enabled == fell_back);
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(res, 1 << 20, CU_STREAM_LEGACY, &b));
+    T_OK(cubuf_buffer_fill_byte(b, 7, CU_STREAM_LEGACY));
+    if (fell_back) { /* POSIX fds: the pool travels to another process */
+        cubuf_ipc_descriptor_t *d = NULL;
+        T_OK(cubuf_buffer_ipc_descriptor(b, &d));
+        cubuf_ipc_descriptor_destroy(d);
+    }
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    cubuf_resource_release(res);
+}
+
+static void test_pool_fallback(void)
+{
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.fabric = true;
+    cubuf_resource_t *res = NULL;
+    T_STATUS(cubuf_device_resource_create(0, &o, &res), CUBUF_ERROR_INVALID_ARGUMENT); /* shared pool */
+    pool_with(CUDA_SUCCESS, false);
+    pool_with(CUDA_ERROR_NOT_PERMITTED, true);
+    pool_with(CUDA_ERROR_NOT_SUPPORTED, true);
+    pool_with(CUDA_ERROR_OUT_OF_MEMORY, false);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -109,5 +162,6 @@ int main(void)
         T_CHECK(fell_back);
         cubuf_resource_release(res);
     }
+    test_pool_fallback();
     return t_finish("test_fabric");
 }

@@ -25,10 +25,18 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->mr = Py_XNewRef(mr);
     b->owner = Py_XNewRef(owner);
     b->ipc = NULL;
+    b->stream_ref = NULL;
     b->work_stream = work_stream;
     b->weakreflist = NULL;
     PyObject_GC_Track(b);
     return (PyObject *)b;
+}
+
+PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o)
+{
+    if (buffer && o && o != Py_None && !PyLong_Check(o))
+        Py_XSETREF(((BufferObject *)buffer)->stream_ref, Py_NewRef(o));
+    return buffer;
 }
 
 static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -61,6 +69,7 @@ static void Buffer_dealloc(BufferObject *self)
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
     Buffer_clear(self);
+    Py_CLEAR(self->stream_ref); /* only now: the release above may have used the stream */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -81,6 +90,7 @@ static PyObject *Buffer_close(BufferObject *self, PyObject *const *args, Py_ssiz
         } else {
             if (cbp_stream(a[0], &s) < 0) return NULL;
             st = cubuf_buffer_close_on(self->buf, s);
+            if (st == CUBUF_SUCCESS) cbp_buffer_keep_stream((PyObject *)self, a[0]);
         }
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.close");
@@ -103,7 +113,8 @@ static PyObject *copy_failed(cubuf_status_t st, CUstream s, bool with_options, c
 }
 
 static int copy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                     bool need_other, PyObject **other, CUstream *s, const cubuf_copy_options_t **opts)
+                     bool need_other, PyObject **other, CUstream *s, const cubuf_copy_options_t **opts,
+                     PyObject **stream_obj)
 {
     static const char *const names[] = {"buffer", "stream", "options"};
     PyObject *a[3];
@@ -118,15 +129,16 @@ static int copy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
         return -1;
     }
     if (cbp_stream(a[1], s) < 0) return -1;
+    *stream_obj = a[1];
     return cbp_copy_options(a[2], opts);
 }
 
 static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *dst;
+    PyObject *dst, *sobj;
     CUstream s;
     const cubuf_copy_options_t *opts;
-    if (copy_args("copy_to", args, nargs, kwnames, false, &dst, &s, &opts) < 0) return NULL;
+    if (copy_args("copy_to", args, nargs, kwnames, false, &dst, &s, &opts, &sobj) < 0) return NULL;
     cubuf_status_t st;
     if (dst) {
         st = cubuf_buffer_copy_to(self->buf, ((BufferObject *)dst)->buf, s, opts);
@@ -138,16 +150,16 @@ static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ss
     st = cubuf_buffer_copy_to_new(self->buf, s, opts, &out);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
     self->work_stream = s;
-    return cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s);
+    return cbp_buffer_keep_stream(cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s), sobj);
 }
 
 static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames)
 {
-    PyObject *src;
+    PyObject *src, *sobj;
     CUstream s;
     const cubuf_copy_options_t *opts;
-    if (copy_args("copy_from", args, nargs, kwnames, true, &src, &s, &opts) < 0) return NULL;
+    if (copy_args("copy_from", args, nargs, kwnames, true, &src, &s, &opts, &sobj) < 0) return NULL;
     cubuf_status_t st = cubuf_buffer_copy_from(self->buf, ((BufferObject *)src)->buf, s, opts);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_from");
     self->work_stream = ((BufferObject *)src)->work_stream = s;
@@ -199,6 +211,7 @@ static PyObject *Buffer_set_deallocation_stream(BufferObject *self, PyObject *ar
     cubuf_status_t st = cubuf_buffer_set_deallocation_stream(self->buf, s);
     if (st == CUBUF_ERROR_INVALID_ARGUMENT) return cbp_fail_as(PyExc_RuntimeError, st, "Buffer.set_deallocation_stream");
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.set_deallocation_stream");
+    cbp_buffer_keep_stream((PyObject *)self, arg);
     Py_RETURN_NONE;
 }
 
@@ -230,7 +243,7 @@ static PyObject *Buffer_from_handle(PyObject *unused, PyObject *const *args, Py_
         st = cubuf_buffer_view((CUdeviceptr)ptr, size, &buf);
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.from_handle");
-    return cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s);
+    return cbp_buffer_keep_stream(cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s), a[4]);
 }
 
 static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
@@ -258,7 +271,7 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
     PyTypeObject *type = PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls, &cbp_Buffer_Type)
                              ? (PyTypeObject *)cls
                              : &cbp_Buffer_Type;
-    return cbp_buffer_new(type, buf, a[0], NULL, s);
+    return cbp_buffer_keep_stream(cbp_buffer_new(type, buf, a[0], NULL, s), a[2]);
 }
 
 static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,

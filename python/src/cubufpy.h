@@ -24,6 +24,8 @@ typedef struct {
     PyObject *mr;           /* the MemoryResource object, NULL until asked for (then cached) */
     PyObject *owner;        /* from_handle's owner (also held by the C buffer's release), or NULL */
     PyObject *ipc;          /* the cached ipc_descriptor, or NULL */
+    PyObject *stream_ref;   /* the Python stream object last recorded as deallocation stream (kept
+                               alive so that the buffer's close never meets a destroyed stream) */
     CUstream work_stream;   /* the stream of the last work issued through this object:
                                the producer's stream for DLPack and the CUDA Array Interface */
     PyObject *weakreflist;
@@ -122,6 +124,9 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
  * mr and owner may be NULL (new references are taken). */
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
                          CUstream work_stream);
+/* Keeps the Python stream object `o` (not for ints and None) alive as long as
+ * the buffer: the one its deallocation is recorded on. Returns buffer. */
+PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o);
 /* The release function for C buffers that keep a Python object alive. */
 void cbp_owner_release(void *owner);
 

@@ -183,6 +183,21 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     Py_DECREF(cap); /* a capsule that was not consumed deletes its tensor */
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_NOT_SUPPORTED ? PyExc_BufferError : NULL, st, "from_dlpack");
+    /* The imported buffer belongs to no context, so default streams would
+     * need one current; Python code rarely has one. Hand out a view of it
+     * that belongs to the device's primary context (host memory: device
+     * 0's) and depends on it as a slice does: the tensor lives until the
+     * view is closed or released. */
+    if (cubuf_buffer_size(buf) > 0) {
+        cubuf_context_t *ctx = cbp_device_context(dt == kDLCUDA ? did : 0);
+        cubuf_buffer_t *view = NULL;
+        st = ctx ? cubuf_context_foreign_buffer(ctx, cubuf_buffer_ptr(buf), cubuf_buffer_size(buf), buf, NULL, NULL, &view)
+                 : CUBUF_SUCCESS;
+        cubuf_buffer_release(buf); /* the view holds it now; on failure this closes it (the tensor's deleter) */
+        if (!ctx) return NULL;
+        if (st != CUBUF_SUCCESS) return cbp_fail(st, "from_dlpack");
+        buf = view;
+    }
     return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer);
 }
 

@@ -281,8 +281,16 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     cubuf_status_t st = CUBUF_SUCCESS;
     if (!handoff_events[device])
         st = cubuf_event_create(ctx, CU_EVENT_DISABLE_TIMING, &handoff_events[device]);
-    if (st == CUBUF_SUCCESS) st = cubuf_event_record(handoff_events[device], producer);
+    if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
+    /* A default stream is the current context's: make the device's primary
+     * context current for the two calls (and restore the caller's). */
+    CUcontext h = NULL, popped;
+    cubuf_context_handle(ctx, &h);
+    CUresult r = cubuf__drv.cuCtxPushCurrent(h);
+    if (r != CUDA_SUCCESS) return (PyErr_Format(cbp_CUDAError, "cuCtxPushCurrent failed: CUresult %d", (int)r), -1);
+    st = cubuf_event_record(handoff_events[device], producer);
     if (st == CUBUF_SUCCESS) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
+    cubuf__drv.cuCtxPopCurrent(&popped);
     if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     return 0;
 }

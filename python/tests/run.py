@@ -44,4 +44,5 @@ def main():
     sys.exit(0)
 
 
-main()
+if __name__ == "__main__":  # spawned multiprocessing children import this file again
+    main()

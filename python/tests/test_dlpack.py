@@ -1,0 +1,125 @@
+"""DLPack and the CUDA Array Interface on cubuf buffers themselves: capsules,
+devices, the array API's stream and copy rules, lifetimes both ways."""
+import sys
+
+import numpy as np
+import pytest
+
+import cubuf
+
+pytestmark = pytest.mark.gpu
+
+S = cubuf.default_stream()
+
+
+def test_dlpack_device_per_kind():
+    assert cubuf.DeviceMemoryResource(0).allocate(64).__dlpack_device__() == (2, 0)   # kDLCUDA
+    assert cubuf.PinnedMemoryResource().allocate(64).__dlpack_device__() == (3, 0)     # kDLCUDAHost
+    assert cubuf.LegacyPinnedMemoryResource(0).allocate(64).__dlpack_device__() == (3, 0)
+    assert cubuf.ManagedMemoryResource().allocate(64).__dlpack_device__() == (13, 0)   # kDLCUDAManaged
+    closed = cubuf.DeviceMemoryResource(0).allocate(64)
+    closed.close()
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        closed.__dlpack_device__()
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        closed.__dlpack__()
+
+
+def test_capsule_kinds():
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    assert "dltensor_versioned" in repr(b.__dlpack__(max_version=(1, 0)))
+    assert '"dltensor"' in repr(b.__dlpack__())
+    assert '"dltensor"' in repr(b.__dlpack__(max_version=(0, 8)))
+    b.close()  # the capsules above were never consumed: their tensors are gone
+
+
+def test_round_trip_shares_memory_and_blocks_close():
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(4096)
+    b.fill(1, stream=S)
+    imp = cubuf.from_dlpack(b)
+    assert (imp.handle, imp.size, imp.device_id) == (b.handle, b.size, 0)
+    assert imp.memory_resource is None
+    imp.fill(2, stream=S)
+    assert b.copy_to_host(0, 4) == b"\x02" * 4
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_BUSY"):
+        b.close()  # the consumer's tensor (imp) still uses it
+    assert not b.is_closed
+    imp.close()  # drops the tensor
+    b.close()
+    assert mr.stats["current_count"] == 0
+
+
+def test_consumer_keeps_memory_alive():
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(256)
+    b.fill(0x33, stream=S)
+    imp = cubuf.from_dlpack(b, stream=cubuf.Stream(0))
+    del b  # the Python object goes; the tensor keeps the memory
+    assert imp.copy_to_host(0, 4) == b"\x33" * 4
+    assert mr.stats["current_count"] == 1
+    del imp
+    S.sync()
+    assert mr.stats["current_count"] == 0
+
+
+def test_array_api_arguments():
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    with pytest.raises(ValueError, match="ambiguous"):
+        b.__dlpack__(stream=0)
+    with pytest.raises(BufferError):
+        b.__dlpack__(dl_device=(1, 0))
+    b.__dlpack__(dl_device=(2, 0), stream=-1)
+    b.__dlpack__(stream=2)
+    s = cubuf.Stream(0)
+    b.__dlpack__(stream=s.handle, max_version=(1, 2))
+    with pytest.raises(TypeError):
+        b.__dlpack__(1)  # keyword-only
+    with pytest.raises(TypeError):
+        b.__dlpack__(max_version=1)
+    s.sync()
+
+
+def test_copy_true_exports_a_copy():
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    b.fill(5, stream=S)
+    c = cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: b.__dlpack__(copy=True, **kw),
+                                           "__dlpack_device__": lambda self: b.__dlpack_device__()})())
+    assert c.handle != b.handle and c.size == 64
+    assert c.copy_to_host() == b"\x05" * 64
+    b.close()  # a copy holds no slice of b
+
+
+def test_numpy_host_memory_round_trip():
+    a = np.arange(32, dtype=np.uint8)
+    before = sys.getrefcount(a)
+    imp = cubuf.from_dlpack(a)  # numpy's unversioned __dlpack__: the fallback path
+    assert imp.handle == a.ctypes.data and imp.size == 32 and imp.is_host_accessible and imp.device_id == -1
+    assert sys.getrefcount(a) > before  # its tensor holds the array
+    assert imp.__dlpack_device__() == (1, 0)
+    assert not hasattr(imp, "__cuda_array_interface__")  # pageable memory: no CUDA array
+    del a
+    assert imp.copy_to_host() == bytes(range(32))
+    back = np.from_dlpack(imp)
+    assert back.tobytes() == bytes(range(32))
+    with pytest.raises(TypeError, match="not a DLPack producer"):
+        cubuf.from_dlpack(object())
+
+
+def test_cuda_array_interface():
+    s = cubuf.Stream(0)
+    b = cubuf.DeviceMemoryResource(0).allocate(100, stream=s)
+    cai = b.__cuda_array_interface__
+    assert cai == {"shape": (100,), "typestr": "|u1", "data": (b.handle, False), "version": 3,
+                   "strides": None, "stream": s.handle}
+    b.fill(1, stream=cubuf.PER_THREAD_DEFAULT_STREAM)
+    assert b.__cuda_array_interface__["stream"] == 2
+    b.fill(1, stream=0)
+    assert b.__cuda_array_interface__["stream"] == 1
+    # a cubuf view of a CUDA-array object
+    v = cubuf.Context(0).buffer_from_object(b)
+    assert v.__cuda_array_interface__["data"][0] == b.handle
+    v.close()
+    b.close()
+    assert not hasattr(b, "__cuda_array_interface__")
+    s.sync()
