@@ -1,0 +1,158 @@
+"""Zero-copy interop with PyTorch, CuPy, Numba and JAX on a real GPU: writes
+through the consumer seen through the cubuf buffer and the reverse,
+lifetimes both ways, and the stream handoff of __dlpack__."""
+import os
+
+import numpy as np
+import pytest
+
+import cubuf
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must leave the device to the others
+
+pytestmark = [pytest.mark.gpu, pytest.mark.interop]
+
+N = 1 << 20
+
+
+def device_buffer(value, stream=None):
+    s = stream or cubuf.default_stream()
+    b = cubuf.DeviceMemoryResource(0).allocate(N, stream=s)
+    b.fill(value, stream=s)
+    return b
+
+
+# ---- PyTorch ----------------------------------------------------------------------
+
+def test_torch_from_dlpack_shares_memory():
+    torch = pytest.importorskip("torch")
+    b = device_buffer(3)
+    t = torch.from_dlpack(b)
+    assert t.device.type == "cuda" and t.dtype == torch.uint8 and t.shape == (N,)
+    assert t.data_ptr() == b.handle
+    assert int(t[:16].sum()) == 3 * 16          # the buffer's bytes
+    t.fill_(9)                                   # a write through torch ...
+    torch.cuda.synchronize()
+    assert b.copy_to_host(0, 8) == b"\x09" * 8   # ... seen through cubuf
+    b.fill(4, stream=cubuf.default_stream())     # and the reverse
+    assert int(t[-4:].sum()) == 16
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_BUSY"):
+        b.close()                                # torch's tensor still uses the memory
+    mr = b.memory_resource
+    del b                                        # the tensor keeps it alive
+    assert int(t[:2].sum()) == 8
+    del t
+    torch.cuda.synchronize()
+    cubuf.default_stream().sync()
+    assert mr.stats["current_count"] == 0
+
+
+def test_torch_tensor_into_cubuf_keeps_it_alive():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(256, dtype=torch.int32, device="cuda")
+    ptr = t.data_ptr()
+    b = cubuf.from_dlpack(t)
+    assert (b.handle, b.size, b.device_id) == (ptr, 1024, 0)
+    del t                                        # the buffer holds torch's tensor
+    torch.cuda.synchronize()
+    assert np.frombuffer(b.copy_to_host(), dtype=np.int32).tolist() == list(range(256))
+    b.fill(0, stream=cubuf.default_stream())
+    back = torch.from_dlpack(b)
+    assert int(back.sum()) == 0
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_BUSY"):
+        b.close()
+    del back
+    b.close()
+
+
+def test_torch_stream_handoff():
+    torch = pytest.importorskip("torch")
+    s = cubuf.Stream(0)
+    b = device_buffer(0, s)
+    b.fill(7, stream=s)                          # queued on cubuf's stream
+    ts = torch.cuda.Stream()
+    with torch.cuda.stream(ts):
+        t = torch.from_dlpack(b)                 # torch passes ts: ts waits for s
+        total = int(t.sum())
+    assert total == 7 * N
+    s.sync()
+
+
+def test_torch_cuda_array_interface():
+    torch = pytest.importorskip("torch")
+    b = device_buffer(2)
+    t = torch.as_tensor(b, device="cuda")
+    assert t.data_ptr() == b.handle and int(t[:4].sum()) == 8
+    ctx = cubuf.Context(0)
+    m = torch.zeros((8, 16), dtype=torch.uint8, device="cuda")
+    col = ctx.buffer_from_object(m[:, 3])        # non-contiguous: the enclosing span
+    assert col.handle == m.data_ptr() + 3 and col.size == 7 * 16 + 1 and col.owner is not None
+
+
+# ---- CuPy ---------------------------------------------------------------------------
+
+def test_cupy_both_ways():
+    cp = pytest.importorskip("cupy")
+    b = device_buffer(5)
+    a = cp.from_dlpack(b)
+    assert a.data.ptr == b.handle and int(a[:10].sum()) == 50
+    c = cp.asarray(b)                            # through __cuda_array_interface__
+    assert c.data.ptr == b.handle
+    c[:] = 6
+    cp.cuda.runtime.deviceSynchronize()
+    assert b.copy_to_host(0, 4) == b"\x06" * 4
+    del a, c
+    x = cp.arange(64, dtype=cp.float32)
+    xb = cubuf.from_dlpack(x)
+    assert xb.handle == x.data.ptr and xb.size == 256
+    del x
+    assert np.frombuffer(xb.copy_to_host(), dtype=np.float32).tolist() == list(range(64))
+    y = cp.zeros((4, 8), dtype=cp.uint16)
+    v = cubuf.Context(0).buffer_from_object(y[:, ::2])
+    assert v.handle == y.data.ptr and v.size == 3 * 16 + 6 * 2 + 2
+    s = cp.cuda.Stream(non_blocking=True)
+    assert cubuf._cubuf._stream_handle(s) == s.ptr
+    b.fill(1, stream=s)
+    s.synchronize()
+
+
+# ---- Numba --------------------------------------------------------------------------
+
+def test_numba_as_cuda_array():
+    pytest.importorskip("numba.cuda")
+    from numba import cuda
+    if not cuda.is_available():
+        pytest.skip("numba finds no CUDA device")
+    b = device_buffer(8)
+    d = cuda.as_cuda_array(b)
+    assert d.__cuda_array_interface__["data"][0] == b.handle
+    assert d.copy_to_host()[:4].tolist() == [8] * 4
+    d.copy_to_device(np.full(N, 11, dtype=np.uint8))
+    cuda.synchronize()
+    assert b.copy_to_host(0, 4) == b"\x0b" * 4
+    na = cuda.to_device(np.arange(16, dtype=np.int64))
+    nb = cubuf.Context(0).buffer_from_object(na)
+    assert nb.handle == na.__cuda_array_interface__["data"][0] and nb.size == 128
+    assert np.frombuffer(nb.copy_to_host(), dtype=np.int64).tolist() == list(range(16))
+    ctx = cubuf.Context.from_numba()
+    assert ctx.handle == cubuf.Context(0).handle
+
+
+# ---- JAX ------------------------------------------------------------------------------
+
+def test_jax_from_dlpack():
+    jax = pytest.importorskip("jax")
+    import jax.dlpack
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        pytest.skip("JAX has no GPU backend")
+    b = device_buffer(12)
+    j = jax.dlpack.from_dlpack(b)
+    assert j.shape == (N,) and int(j[:4].sum()) == 48
+    assert j.unsafe_buffer_pointer() == b.handle  # the same memory, not a copy
+    arr = jax.numpy.arange(32, dtype=jax.numpy.int32)
+    jb = cubuf.from_dlpack(arr)
+    assert np.frombuffer(jb.copy_to_host(), dtype=np.int32).tolist() == list(range(32))
