@@ -4,6 +4,7 @@
 #include <limits.h>
 
 #include "resource_pool.h"
+#include "strided.h"
 
 /* ---- the context's lazily made pools ---------------------------------------- */
 
@@ -204,39 +205,6 @@ cubuf_status_t cubuf_context_foreign_buffer(cubuf_context_t *ctx, CUdeviceptr ad
 
 #define CUBUF_MAX_NDIM 64
 
-/* The byte span of a strided array relative to the address of its element of
- * index 0: [lo, lo + len), lo <= 0. Every element i covers
- * [sum_k i_k * strides[k], ... + itemsize); the extremes are reached at the
- * corners, where each index is 0 or shape[k]-1 depending on the sign of the
- * stride. *len is 0 when a dimension has length 0. Pure arithmetic, every
- * step overflow-checked. Shapes must already be known non-negative. */
-static cubuf_status_t strided_span(int ndim, const int64_t *shape, const int64_t *strides,
-                                   size_t itemsize, int64_t *lo, uint64_t *len)
-{
-    *lo = 0;
-    *len = 0;
-    for (int k = 0; k < ndim; k++)
-        if (shape[k] == 0) return CUBUF_SUCCESS;
-    int64_t low = 0, high = 0; /* offsets of the first and the last element */
-    for (int k = 0; k < ndim; k++) {
-        int64_t extent;
-        if (__builtin_mul_overflow(shape[k] - 1, strides[k], &extent)) goto overflow;
-        if (extent < 0 ? __builtin_add_overflow(low, extent, &low)
-                       : __builtin_add_overflow(high, extent, &high))
-            goto overflow;
-    }
-    /* high - low <= 2^64 - 2 fits in uint64; adding the item may not. */
-    uint64_t width = (uint64_t)high + (0 - (uint64_t)low);
-    uint64_t total;
-    if (__builtin_add_overflow(width, (uint64_t)itemsize, &total)) goto overflow;
-    *lo = low;
-    *len = total;
-    return CUBUF_SUCCESS;
-overflow:
-    return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
-                       "cubuf_context_buffer_from_strided: the span of the array overflows 64 bits");
-}
-
 cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdeviceptr address,
                                                  int ndim, const int64_t *shape,
                                                  const int64_t *strides, size_t itemsize,
@@ -254,7 +222,7 @@ cubuf_status_t cubuf_context_buffer_from_strided(cubuf_context_t *ctx, CUdevicep
         CHECK_ARG(shape[k] >= 0, "%s: shape[%d] is negative (%lld)", what, k, (long long)shape[k]);
     int64_t lo = 0;
     uint64_t len = 0;
-    cubuf_status_t st = strided_span(ndim, shape, strides, itemsize, &lo, &len);
+    cubuf_status_t st = cubuf__strided_span(what, ndim, shape, strides, 1, itemsize, NULL, &lo, &len);
     if (st != CUBUF_SUCCESS) return st;
     if (len == 0) return context_view(ctx, address, 0, false, base, owner, release, what, out);
     CHECK_ARG(address != 0, "%s: address 0 with a non-empty array", what);

@@ -4,6 +4,7 @@
 
 #include "cubuf/dlpack.h"
 #include "internal.h"
+#include "strided.h"
 
 /* ---- layouts ---------------------------------------------------------------- */
 
@@ -41,40 +42,13 @@ typedef struct span {
     uint64_t bytes;
 } span_t;
 
-/* The span of an array whose shape check_shape accepted. strides NULL
- * means C-contiguous. The strides used are written to `used` (ndim
- * entries) when it is not NULL. Every step is overflow-checked. */
+/* The span of an array whose shape check_shape accepted, strides in
+ * elements (NULL: C-contiguous); the strides used go to `used` (ndim
+ * entries) when it is not NULL. */
 static cubuf_status_t array_span(const char *what, int32_t ndim, const int64_t *shape,
-                                 const int64_t *strides, size_t itemsize, bool empty,
-                                 int64_t *used, span_t *out)
+                                 const int64_t *strides, size_t itemsize, int64_t *used, span_t *out)
 {
-    int64_t low = 0, high = 0, contiguous = 1; /* in elements */
-    for (int32_t k = ndim - 1; k >= 0; k--) {
-        int64_t stride = strides ? strides[k] : contiguous;
-        if (used) used[k] = stride;
-        if (!strides && __builtin_mul_overflow(contiguous, shape[k], &contiguous)) goto overflow;
-        if (empty) continue;
-        int64_t reach;
-        if (__builtin_mul_overflow(shape[k] - 1, stride, &reach)) goto overflow;
-        if (reach < 0 ? __builtin_add_overflow(low, reach, &low)
-                      : __builtin_add_overflow(high, reach, &high))
-            goto overflow;
-    }
-    out->low = 0;
-    out->bytes = 0;
-    if (empty) return CUBUF_SUCCESS;
-    /* high - low + 1 elements of itemsize bytes; low * itemsize bytes below element 0. */
-    uint64_t count = (uint64_t)high + (0 - (uint64_t)low), bytes;
-    if (__builtin_add_overflow(count, 1, &count) ||
-        __builtin_mul_overflow(count, (uint64_t)itemsize, &bytes) ||
-        __builtin_mul_overflow(low, (int64_t)itemsize, &out->low))
-        goto overflow;
-    out->bytes = bytes;
-    return CUBUF_SUCCESS;
-overflow:
-    return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
-                       "%s: the layout of the %d-dimensional array overflows 64 bits", what,
-                       (int)ndim);
+    return cubuf__strided_span(what, ndim, shape, strides, itemsize, itemsize, used, &out->low, &out->bytes);
 }
 
 /* ---- devices ---------------------------------------------------------------- */
@@ -171,7 +145,7 @@ static cubuf_status_t export_tensor(cubuf_buffer_t *buf, const cubuf_dlpack_opti
     int64_t *shape = (int64_t *)(void *)(mem + head), *strides = shape + o.ndim;
     span_t sp;
     cubuf_buffer_t *slice = NULL;
-    st = array_span(what, o.ndim, o.shape, o.strides, itemsize, empty, strides, &sp);
+    st = array_span(what, o.ndim, o.shape, o.strides, itemsize, strides, &sp);
     if (st == CUBUF_SUCCESS && sp.bytes > size)
         st = cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
                          "%s: the tensor's elements reach %llu bytes (itemsize %zu), more than "
@@ -259,7 +233,7 @@ static cubuf_status_t import_tensor(const DLTensor *dl, void *owner, cubuf_owner
     cubuf_status_t st = check_dtype(what, dl->dtype, &itemsize);
     if (st == CUBUF_SUCCESS) st = check_shape(what, dl->ndim, dl->shape, &empty);
     if (st == CUBUF_SUCCESS)
-        st = array_span(what, dl->ndim, dl->shape, dl->strides, itemsize, empty, NULL, &sp);
+        st = array_span(what, dl->ndim, dl->shape, dl->strides, itemsize, NULL, &sp);
     if (st != CUBUF_SUCCESS) return st;
     CUdeviceptr first = (CUdeviceptr)(uintptr_t)dl->data; /* element 0 */
     if (first && __builtin_add_overflow(first, dl->byte_offset, &first))

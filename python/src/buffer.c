@@ -399,7 +399,7 @@ static PyMethodDef Buffer_methods[] = {
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule of the\n"
      "buffer's bytes (1-D uint8), holding the buffer open until the consumer releases it."},
     {"__dlpack_device__", (PyCFunction)cbp_buffer_dlpack_device, METH_NOARGS, "(device_type, device_id)"},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Buffer_getset[] = {
     {"device_id", (getter)Buffer_device_id, NULL, "Device ordinal, or -1 for memory bound to no device.", NULL},
@@ -414,7 +414,7 @@ static PyGetSetDef Buffer_getset[] = {
     {"owner", (getter)Buffer_owner, NULL, "The object holding the external allocation, or None.", NULL},
     {"size", (getter)Buffer_size, NULL, NULL, NULL},
     {"__cuda_array_interface__", (getter)cbp_buffer_cai, NULL, "CUDA Array Interface, version 3 (1-D uint8).", NULL},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_Buffer_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.Buffer",

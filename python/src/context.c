@@ -275,13 +275,13 @@ static PyMethodDef Context_methods[] = {
     {"from_numba", (PyCFunction)(void (*)(void))Context_from_numba, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
      "from_numba(context=None) -> Context wrapping a Numba CUDA context (None: Numba's current one)."},
     {"to_numba", (PyCFunction)Context_to_numba, METH_NOARGS, "to_numba() -> the Numba CUDA context."},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Context_getset[] = {
     {"bytes_allocated", (getter)Context_bytes_allocated, NULL, "Live bytes of the buffers made here.", NULL},
     {"device_number", (getter)Context_device_number, NULL, NULL, NULL},
     {"handle", (getter)Context_handle, NULL, "The CUcontext as an int.", NULL},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_Context_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.Context",

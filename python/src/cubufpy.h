@@ -154,6 +154,11 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
  * *handled false (no exception) when obj has no such interface. */
 PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled);
 
+/* ---- benchmark hooks (bench.c) ------------------------------------------------ */
+
+PyObject *cbp_bench_c_alloc_close(PyObject *m, PyObject *args);
+PyObject *cbp_bench_raw(PyObject *m, PyObject *args);
+
 /* ---- the CUDA stream values -------------------------------------------------- */
 
 static inline bool cbp_is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }

@@ -6,7 +6,8 @@
 
 /* The stream an array-API `stream` int names for CUDA memory: 1 legacy,
  * 2 per-thread, anything else a handle; -1 (no synchronization) gives
- * *none; 0 is refused as the API says. */
+ * *none. The API disallows 0 as ambiguous; consumers that pass it anyway
+ * mean CUDA's NULL stream, the legacy one, and get it. */
 static int api_stream(PyObject *o, CUstream *out, bool *none)
 {
     *none = false;
@@ -16,10 +17,6 @@ static int api_stream(PyObject *o, CUstream *out, bool *none)
     long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) return -1;
     if (v == -1) return (*none = true), 0;
-    if (v == 0) {
-        PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous for CUDA: pass 1 (legacy) or 2 (per-thread default stream)");
-        return -1;
-    }
     if (v < 0) {
         PyErr_Format(PyExc_ValueError, "stream %lld is not a stream", v);
         return -1;
@@ -198,7 +195,7 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (st != CUBUF_SUCCESS) return cbp_fail(st, "from_dlpack");
         buf = view;
     }
-    return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer);
+    return cbp_buffer_keep_stream(cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer), a[1]);
 }
 
 /* ---- CUDA Array Interface --------------------------------------------------- */

@@ -146,7 +146,7 @@ static PyMethodDef Descriptor_methods[] = {
     {"_from_wire", (PyCFunction)Descriptor_from_wire, METH_VARARGS | METH_STATIC,
      "_from_wire(bytes, fds): validates and takes the fds (closed on failure)."},
     {"__reduce__", (PyCFunction)Descriptor_reduce, METH_NOARGS, NULL},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Descriptor_getset[] = {
     {"mechanism", (getter)info, NULL, "'pool', 'vmm' or 'legacy'.", (void *)0},
@@ -155,7 +155,7 @@ static PyGetSetDef Descriptor_getset[] = {
     {"extent", (getter)info, NULL, NULL, (void *)3},
     {"fd_count", (getter)info, NULL, NULL, (void *)4},
     {"is_host_accessible", (getter)info, NULL, NULL, (void *)5},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_Descriptor_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.IPCBufferDescriptor",

@@ -410,12 +410,12 @@ static PyMethodDef Stream_methods[] = {
     {"close", (PyCFunction)Stream_close, METH_NOARGS, "Destroys a stream made by cubuf.Stream()."},
     {"sync", (PyCFunction)Stream_sync, METH_NOARGS, "Blocks until the stream's work has completed."},
     {"__cuda_stream__", (PyCFunction)Stream_cuda_stream, METH_NOARGS, "(0, handle)"},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Stream_getset[] = {
     {"handle", (getter)Stream_handle, NULL, "The CUstream as an int.", NULL},
     {"is_done", (getter)Stream_is_done, NULL, "Whether the queued work has completed.", NULL},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_Stream_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.Stream",
@@ -478,6 +478,8 @@ static PyObject *mod_stream_handle(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
     {"_stream_handle", mod_stream_handle, METH_O, "The CUstream a stream argument names, as an int."},
+    {"_bench_c_alloc_close", cbp_bench_c_alloc_close, METH_VARARGS, "bench/bench_python.py: the C pair's ns."},
+    {"_bench_raw", cbp_bench_raw, METH_VARARGS, "bench/bench_python.py: the raw driver's ns."},
     {"default_stream", mod_default_stream, METH_NOARGS, "The legacy default stream (cubuf.LEGACY_DEFAULT_STREAM)."},
     {"get_num_devices", mod_get_num_devices, METH_NOARGS, "Number of CUDA devices."},
     {"driver_version", mod_driver_version, METH_NOARGS, "The CUDA driver's version (13000 for 13.0)."},
@@ -486,7 +488,7 @@ static PyMethodDef module_methods[] = {
      "from_dlpack(x, /, *, stream=None): a Buffer over the memory of a DLPack producer, without a copy.\n"
      "stream: the stream the buffer will be used on (the producer makes its work visible there;\n"
      "default: the legacy default stream). The buffer keeps the producer's tensor alive."},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static void module_free(void *m)
 {

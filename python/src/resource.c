@@ -125,7 +125,7 @@ static PyMethodDef Resource_methods[] = {
     {"deallocate", (PyCFunction)(void (*)(void))Resource_deallocate, METH_FASTCALL | METH_KEYWORDS,
      "deallocate(ptr, size, stream=None): frees a raw allocation of this resource (what a Buffer made by\n"
      "Buffer.from_handle(ptr, size, mr) does when it closes)."},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Resource_getset[] = {
     {"device_id", (getter)Resource_props, NULL, "Device of the memory, -1 for none.", (void *)0},
@@ -135,7 +135,7 @@ static PyGetSetDef Resource_getset[] = {
     {"is_ipc_enabled", (getter)Resource_props, NULL, NULL, (void *)4},
     {"stats", (getter)Resource_stats, NULL, "Usage counters (dict; cubuf_resource_stats).", NULL},
     {"options", (getter)Resource_options, NULL, "The options the resource was made with, or None.", NULL},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_MemoryResource_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.MemoryResource",
@@ -458,12 +458,12 @@ static PyObject *Vmm_granularity(ResourceObject *self, void *c)
 static PyMethodDef Vmm_methods[] = {
     {"modify_allocation", (PyCFunction)(void (*)(void))Vmm_modify_allocation, METH_FASTCALL | METH_KEYWORDS,
      "modify_allocation(buf, new_size, config=None) -> VirtualMemoryBuffer aliasing `buf` (which stays open)."},
-    {NULL}};
+    {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Vmm_getset[] = {
     {"granularity", (getter)Vmm_granularity, NULL, "Bytes sizes and addresses are rounded to.", NULL},
     {"config", (getter)Resource_options, NULL, "The VirtualMemoryResourceOptions given, or None.", NULL},
-    {NULL}};
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject cbp_VirtualMemoryResource_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.VirtualMemoryResource",
@@ -594,7 +594,7 @@ static PyMemberDef CopyOptions_members[] = {
     {"src_location_hint", T_OBJECT, offsetof(CopyOptionsObject, src_location_hint), READONLY, NULL},
     {"dst_location_hint", T_OBJECT, offsetof(CopyOptionsObject, dst_location_hint), READONLY, NULL},
     {"overlap_mode", T_OBJECT, offsetof(CopyOptionsObject, overlap_mode), READONLY, NULL},
-    {NULL}};
+    {NULL, 0, 0, 0, NULL}};
 
 PyTypeObject cbp_CopyOptions_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.CopyOptions",

@@ -84,7 +84,7 @@ def test_copy_sizes_must_match_and_closed_is_runtime_error():
 
 def test_copy_options_rules(drv, stream):
     mr = cubuf.DeviceMemoryResource(0)
-    a, b = mr.allocate(256), mr.allocate(256)
+    a, b = mr.allocate(256, stream=stream), mr.allocate(256, stream=stream)
     a.fill(7, stream=stream)
     opts = cubuf.CopyOptions("stream")
     for legacy in (cubuf.LEGACY_DEFAULT_STREAM, 0, 1):
@@ -151,7 +151,7 @@ def test_from_handle_with_stream_records_it(drv, stream):
 
 def test_set_deallocation_stream_and_close_on_stream(stream):
     mr = cubuf.DeviceMemoryResource(0)
-    b = mr.allocate(1024)
+    b = mr.allocate(1024, stream=stream)
     b.set_deallocation_stream(stream)
     b.set_deallocation_stream(cubuf.PER_THREAD_DEFAULT_STREAM)
     b.fill(1, stream=stream)

@@ -3,10 +3,11 @@ through the consumer seen through the cubuf buffer and the reverse,
 lifetimes both ways, and the stream handoff of __dlpack__."""
 import os
 
-import numpy as np
 import pytest
 
 import cubuf
+
+np = pytest.importorskip("numpy")
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must leave the device to the others
 
