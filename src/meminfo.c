@@ -117,6 +117,14 @@ cubuf_status_t cubuf__span_get(const cubuf_buffer_t *buf, const char *what, cubu
         cubuf__detail_append("%s: pointer 0x%llx", what, (unsigned long long)ptr);
         return st;
     }
+    /* Memory cubuf knows devices reach, with no range the driver reports:
+     * host memory pools' (measured on the H200, driver 580: neither query
+     * describes it). */
+    if ((start == 0 || range == 0) && cubuf_buffer_is_device_accessible(buf))
+        return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
+                           "%s: the driver reports no allocation at 0x%llx, pinned host memory a "
+                           "device reaches (a host memory pool's): it has no base and extent to give",
+                           what, (unsigned long long)ptr);
     if (start == 0 || range == 0)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "%s: the driver does not know the buffer's memory at 0x%llx (host-only "

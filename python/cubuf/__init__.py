@@ -15,7 +15,7 @@ from ._cubuf import (  # noqa: F401
     CUDAError, Stream, LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, default_stream,
     Buffer, VirtualMemoryBuffer, MemoryResource, DeviceMemoryResource, PinnedMemoryResource,
     ManagedMemoryResource, LegacyPinnedMemoryResource, SyncDeviceMemoryResource,
-    GraphMemoryResource, VirtualMemoryResource, Context, IPCBufferDescriptor, CopyOptions,
+    GraphMemoryResource, CachingMemoryResource, VirtualMemoryResource, Context, IPCBufferDescriptor, CopyOptions,
     from_dlpack, get_num_devices, driver_version, __version__,
 )
 
@@ -40,6 +40,15 @@ class PinnedMemoryResourceOptions:
 class ManagedMemoryResourceOptions:
     """Options of ManagedMemoryResource: preferred_location a device, -1 the host, None none."""
     preferred_location: Optional[int] = None
+
+
+@dataclass
+class CachingMemoryResourceOptions:
+    """Options of CachingMemoryResource: max_cached_size 0 means cubuf's default (64 MiB);
+    release_threshold None keeps every cached byte; cross_stream reuses blocks across streams."""
+    max_cached_size: int = 0
+    release_threshold: Optional[int] = None
+    cross_stream: bool = True
 
 
 @dataclass

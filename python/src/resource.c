@@ -5,6 +5,8 @@
 
 #include <structmember.h>
 
+#include <cubuf/caching.h>
+
 /* ---- the base type -------------------------------------------------------- */
 
 static PyObject *resource_make(PyTypeObject *type, cubuf_resource_t *res, int device, PyObject *options)
@@ -282,6 +284,30 @@ static PyObject *ManagedResource_new(PyTypeObject *type, PyObject *args, PyObjec
     return resource_make(type, res, d, o);
 }
 
+static PyObject *CachingResource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"upstream", "options", NULL};
+    PyObject *up, *o = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:CachingMemoryResource", kw, &cbp_MemoryResource_Type, &up, &o))
+        return NULL;
+    o = o && o != Py_None ? o : NULL;
+    cubuf_caching_options_t opts = CUBUF_CACHING_OPTIONS_INIT;
+    bool cross = true;
+    PyObject *v = opt(o, "cross_stream", Py_True);
+    if (!v) return NULL;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (t < 0 || opt_size(o, "max_cached_size", 0, &opts.max_cached_size) < 0 ||
+        opt_size(o, "release_threshold", SIZE_MAX, &opts.release_threshold) < 0)
+        return NULL;
+    cross = t;
+    opts.cross_stream = cross;
+    cubuf_resource_t *res;
+    cubuf_status_t st = cubuf_caching_resource_create(((ResourceObject *)up)->res, &opts, &res);
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "CachingMemoryResource");
+    return resource_make(type, res, ((ResourceObject *)up)->device, o);
+}
+
 typedef cubuf_status_t (*simple_create_fn)(int, cubuf_resource_t **);
 
 static PyObject *simple_new(PyTypeObject *type, PyObject *args, PyObject *kwds, const char *name,
@@ -337,6 +363,11 @@ CBP_RESOURCE_TYPE(LegacyPinned_Type, "LegacyPinnedMemoryResource", LegacyPinned_
                   "LegacyPinnedMemoryResource(device=0): cuMemHostAlloc pinned memory.")
 CBP_RESOURCE_TYPE(SyncDevice_Type, "SyncDeviceMemoryResource", SyncDevice_new,
                   "SyncDeviceMemoryResource(device=0): cuMemAlloc memory (shared through legacy IPC handles).")
+CBP_RESOURCE_TYPE(Caching_Type, "CachingMemoryResource", CachingResource_new,
+                  "CachingMemoryResource(upstream, options=None): a stream-ordered cache of size classes over\n"
+                  "another resource (CachingMemoryResourceOptions: max_cached_size, release_threshold,\n"
+                  "cross_stream). Cached blocks go back to the upstream on the streams they were freed on, when\n"
+                  "the resource goes: those streams must still exist then.")
 CBP_RESOURCE_TYPE(Graph_Type, "GraphMemoryResource", Graph_new,
                   "GraphMemoryResource(device): allocations inside stream capture (graph memory nodes).")
 
@@ -483,7 +514,8 @@ int cbp_resource_types_ready(PyObject *m)
         const char *name;
     } types[] = {{&DeviceResource_Type, "DeviceMemoryResource"},   {&PinnedResource_Type, "PinnedMemoryResource"},
                  {&ManagedResource_Type, "ManagedMemoryResource"}, {&LegacyPinned_Type, "LegacyPinnedMemoryResource"},
-                 {&SyncDevice_Type, "SyncDeviceMemoryResource"},   {&Graph_Type, "GraphMemoryResource"}};
+                 {&SyncDevice_Type, "SyncDeviceMemoryResource"},   {&Graph_Type, "GraphMemoryResource"},
+                 {&Caching_Type, "CachingMemoryResource"}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i].t) < 0 || PyModule_AddObjectRef(m, types[i].name, (PyObject *)types[i].t) < 0)
             return -1;

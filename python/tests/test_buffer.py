@@ -18,13 +18,14 @@ def resources():
         "legacy_pinned": lambda: cubuf.LegacyPinnedMemoryResource(0),
         "sync_device": lambda: cubuf.SyncDeviceMemoryResource(0),
         "vmm": lambda: cubuf.VirtualMemoryResource(0),
+        "caching": lambda: cubuf.CachingMemoryResource(cubuf.DeviceMemoryResource(0)),
     }
 
 
 @pytest.mark.parametrize("kind", sorted(resources()))
-def test_allocate_fill_copy_close(kind):
+def test_allocate_fill_copy_close(kind, stream):
     mr = resources()[kind]()
-    b = mr.allocate(4096, stream=S)
+    b = mr.allocate(4096, stream=stream)
     assert type(b) is (cubuf.VirtualMemoryBuffer if kind == "vmm" else cubuf.Buffer)
     assert b.memory_resource is mr and b.owner is None and not b.is_closed and not b.is_mapped
     assert b.size >= 4096 and b.handle != 0
@@ -33,20 +34,35 @@ def test_allocate_fill_copy_close(kind):
     assert b.is_managed == (kind == "managed")
     assert b.device_id == (-1 if kind in ("pinned", "legacy_pinned") else 0)
     assert (mr.device_id, mr.is_host_accessible, mr.is_managed) == (b.device_id, host, kind == "managed")
-    b.fill(0x5A, stream=S)
-    c = b.copy_to(stream=S)  # a new buffer from the same resource
+    b.fill(0x5A, stream=stream)
+    c = b.copy_to(stream=stream)  # a new buffer from the same resource
     assert type(c) is type(b) and c.memory_resource is mr and c.size == b.size and c.handle != b.handle
-    c.fill(b"\x01\x02\x03\x04", stream=S)
-    b.copy_from(c, stream=S)
-    assert b.copy_to_host(0, 8) == b"\x01\x02\x03\x04" * 2
-    assert c.copy_to(b, stream=S) is b
+    c.fill(b"\x01\x02\x03\x04", stream=stream)
+    b.copy_from(c, stream=stream)
+    assert b.copy_to_host(0, 8, stream=stream) == b"\x01\x02\x03\x04" * 2
+    assert c.copy_to(b, stream=stream) is b
     before = mr.stats["current_bytes"]
-    c.close(S)
+    c.close(stream)
     assert c.is_closed and c.size == 0 and c.handle == 0
-    S.sync()
+    stream.sync()
     assert mr.stats["current_bytes"] == before - b.size
     b.close()
     assert mr.stats["current_count"] == 0
+
+
+def test_caching_resource_reuses_blocks(stream):
+    up = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions())
+    mr = cubuf.CachingMemoryResource(up, cubuf.CachingMemoryResourceOptions(max_cached_size=1 << 20))
+    a = mr.allocate(1000, stream=stream)
+    ptr = a.handle
+    a.close()
+    b = mr.allocate(1000, stream=stream)  # the cached block again, same stream
+    assert b.handle == ptr and up.stats["total_allocations"] == 1
+    b.close()
+    with pytest.raises(TypeError):
+        cubuf.CachingMemoryResource(object())
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
+        cubuf.CachingMemoryResource(up, cubuf.CachingMemoryResourceOptions(max_cached_size=1 << 40))
 
 
 def test_fill_patterns_and_errors():
@@ -91,7 +107,9 @@ def test_copy_options_rules(drv, stream):
         with pytest.raises(TypeError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
             b.copy_from(a, stream=legacy, options=opts)
     b.copy_from(a, stream=stream, options=opts)
+    stream.sync()  # the per-thread default stream is not ordered after `stream`
     b.copy_from(a, stream=cubuf.PER_THREAD_DEFAULT_STREAM, options=cubuf.CopyOptions("any"))
+    cubuf.PER_THREAD_DEFAULT_STREAM.sync()
     stream.sync()
     assert b.copy_to_host() == b"\x07" * 256
     drv.begin_capture(stream)

@@ -64,6 +64,22 @@ def test_consumer_keeps_memory_alive():
     assert mr.stats["current_count"] == 0
 
 
+def test_reexport_of_an_import_outlives_its_view():
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(4096)
+    b.fill(0x61, stream=S)
+    imp = cubuf.from_dlpack(b)
+    back = cubuf.from_dlpack(imp)  # imp exported again: its tensor holds b's tensor
+    assert back.handle == b.handle
+    imp.close()  # the view closes; the memory stays with the export
+    assert back.copy_to_host(0, 2) == b"aa"
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_BUSY"):
+        b.close()
+    back.close()
+    b.close()
+    assert mr.stats["current_count"] == 0
+
+
 def test_array_api_arguments():
     b = cubuf.DeviceMemoryResource(0).allocate(64)
     b.__dlpack__(stream=0)  # disallowed by the array API as ambiguous; taken as the legacy stream
