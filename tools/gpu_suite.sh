@@ -30,7 +30,9 @@ export CUBUF_TEST_LIBNCCL NCCL_NVLS_ENABLE=0
 has() { [[ " $parts " == *" $1 "* ]]; }
 
 if has build; then
-  { cmake -S . -B $build -G Ninja -DCUBUF_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+  # The python3 on PATH is the one with torch, CuPy and numba there.
+  { cmake -S . -B $build -G Ninja -DCUBUF_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCUBUF_PYTHON="$(command -v python3)" &&
     cmake --build $build -j 16; } >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
   echo "build ok"
 fi
