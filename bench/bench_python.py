@@ -160,7 +160,7 @@ def main():
     if core and hasattr(core, "VirtualMemoryResource"):
         try:
             cvmr = core.VirtualMemoryResource(0)
-            cholder = [cvmr.allocate(g)]
+            cholder = [cvmr.allocate(g, stream=cstream)]
 
             def core_grow(k):
                 buf = cholder[0]
@@ -171,7 +171,7 @@ def main():
                     buf = nxt
                     if buf.size >= 256 * g:
                         buf.close()
-                        buf = cvmr.allocate(g)
+                        buf = cvmr.allocate(g, stream=cstream)
                 cholder[0] = buf
             others.append(("cuda.core", best(core_grow, steps), ""))
         except Exception as e:
@@ -184,8 +184,8 @@ def main():
     # ---- DLPack export + torch.from_dlpack ---------------------------------------------------
     torch, torch_note = optional("torch", lambda: __import__("torch"))
     if torch:
-        buf = mr.allocate(KIB4, stream)
-        stream.sync()
+        buf = mr.allocate(KIB4)  # on the legacy default stream, torch's current stream: no handoff
+        cubuf.default_stream().sync()
 
         def cubuf_dlpack(k):
             from_dlpack = torch.from_dlpack
@@ -200,8 +200,8 @@ def main():
                 from_dlpack(tt)  # the same call on torch's own tensor: the consumer's floor
         others.append(("torch(tensor)", best(torch_self, n), ""))
         if core:
-            cbuf = core.DeviceMemoryResource(0).allocate(KIB4, stream=cstream)
-            cstream.sync()
+            cbuf = core.DeviceMemoryResource(0).allocate(KIB4, stream=cdev.default_stream)
+            cdev.sync()
 
             def core_dlpack(k):
                 from_dlpack = torch.from_dlpack

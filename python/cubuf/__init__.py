@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 import multiprocessing.reduction as _mpr
 
 from ._cubuf import (  # noqa: F401
-    CUDAError, Stream, LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, default_stream,
+    CUDAError, CUDAWarning, Stream, LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, default_stream,
     Buffer, VirtualMemoryBuffer, MemoryResource, DeviceMemoryResource, PinnedMemoryResource,
     ManagedMemoryResource, LegacyPinnedMemoryResource, SyncDeviceMemoryResource,
     GraphMemoryResource, CachingMemoryResource, VirtualMemoryResource, Context, IPCBufferDescriptor, CopyOptions,

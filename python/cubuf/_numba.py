@@ -22,9 +22,8 @@ def to_numba(args):
     """numba's Context for (device_number, handle): its own object for the
     device's primary context, else a numba Context wrapping handle."""
     device_number, handle = args
-    from numba import cuda
-    from numba.cuda.cudadrv import driver
-    ctx = cuda.devices.get_context(device_number)  # the primary context
+    from numba.cuda.cudadrv import devices, driver
+    ctx = devices.get_context(device_number)  # numba's object for the primary context
     if _as_int(ctx.handle) == handle:
         return ctx
     try:
@@ -33,4 +32,4 @@ def to_numba(args):
     except ImportError:  # numba's ctypes binding
         import ctypes
         h = ctypes.c_void_p(handle)
-    return driver.Context(driver.get_device(device_number), h)
+    return driver.Context(ctx.device, h)

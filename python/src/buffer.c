@@ -112,11 +112,11 @@ static PyObject *copy_failed(cubuf_status_t st, CUstream s, bool with_options, c
     return cbp_fail_as(exc, st, what);
 }
 
-static int copy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                     bool need_other, PyObject **other, CUstream *s, const cubuf_copy_options_t **opts,
+static int copy_args(const char *fname, const char *other_name, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames, bool need_other, PyObject **other, CUstream *s, const cubuf_copy_options_t **opts,
                      PyObject **stream_obj)
 {
-    static const char *const names[] = {"buffer", "stream", "options"};
+    const char *const names[] = {other_name, "stream", "options"};
     PyObject *a[3];
     if (cbp_parse(fname, args, nargs, kwnames, names, 3, 1, need_other ? 3u : 2u, a) < 0) return -1;
     *other = a[0] && a[0] != Py_None ? a[0] : NULL;
@@ -138,7 +138,7 @@ static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ss
     PyObject *dst, *sobj;
     CUstream s;
     const cubuf_copy_options_t *opts;
-    if (copy_args("copy_to", args, nargs, kwnames, false, &dst, &s, &opts, &sobj) < 0) return NULL;
+    if (copy_args("copy_to", "dst", args, nargs, kwnames, false, &dst, &s, &opts, &sobj) < 0) return NULL;
     cubuf_status_t st;
     if (dst) {
         st = cubuf_buffer_copy_to(self->buf, ((BufferObject *)dst)->buf, s, opts);
@@ -159,7 +159,7 @@ static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_
     PyObject *src, *sobj;
     CUstream s;
     const cubuf_copy_options_t *opts;
-    if (copy_args("copy_from", args, nargs, kwnames, true, &src, &s, &opts, &sobj) < 0) return NULL;
+    if (copy_args("copy_from", "src", args, nargs, kwnames, true, &src, &s, &opts, &sobj) < 0) return NULL;
     cubuf_status_t st = cubuf_buffer_copy_from(self->buf, ((BufferObject *)src)->buf, s, opts);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_from");
     self->work_stream = ((BufferObject *)src)->work_stream = s;
@@ -204,8 +204,10 @@ static PyObject *Buffer_fill(BufferObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-static PyObject *Buffer_set_deallocation_stream(BufferObject *self, PyObject *arg)
+static PyObject *Buffer_set_deallocation_stream(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *arg;
+    if (cbp_one_arg("set_deallocation_stream", "stream", args, nargs, kwnames, &arg) < 0) return NULL;
     CUstream s;
     if (cbp_stream(arg, &s) < 0) return NULL;
     cubuf_status_t st = cubuf_buffer_set_deallocation_stream(self->buf, s);
@@ -385,7 +387,7 @@ static PyMethodDef Buffer_methods[] = {
      "copy_from(src, *, stream, options=None)"},
     {"fill", (PyCFunction)(void (*)(void))Buffer_fill, METH_FASTCALL | METH_KEYWORDS,
      "fill(value, *, stream): value an int in [0, 256) or 1, 2 or 4 bytes of a buffer-protocol object."},
-    {"set_deallocation_stream", (PyCFunction)Buffer_set_deallocation_stream, METH_O,
+    {"set_deallocation_stream", (PyCFunction)(void (*)(void))Buffer_set_deallocation_stream, METH_FASTCALL | METH_KEYWORDS,
      "set_deallocation_stream(stream)"},
     {"from_handle", (PyCFunction)(void (*)(void))Buffer_from_handle, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,
      "from_handle(ptr, size, mr=None, owner=None, *, stream=None) -> Buffer"},

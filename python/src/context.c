@@ -66,8 +66,10 @@ static PyObject *Context_get_num_devices(PyObject *unused, PyObject *noargs)
     return PyLong_FromLong(n);
 }
 
-static PyObject *Context_new_buffer(ContextObject *self, PyObject *arg)
+static PyObject *Context_new_buffer(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *arg;
+    if (cbp_one_arg("new_buffer", "nbytes", args, nargs, kwnames, &arg) < 0) return NULL;
     size_t n;
     if (cbp_size(arg, "nbytes", &n) < 0) return NULL;
     cubuf_buffer_t *buf;
@@ -135,8 +137,10 @@ static PyObject *Context_foreign_buffer(ContextObject *self, PyObject *const *ar
     return foreign(self, addr, size, a[2] && a[2] != Py_None ? a[2] : NULL, "Context.foreign_buffer");
 }
 
-static PyObject *Context_get_device_address(ContextObject *self, PyObject *arg)
+static PyObject *Context_get_device_address(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *arg;
+    if (cbp_one_arg("get_device_address", "address", args, nargs, kwnames, &arg) < 0) return NULL;
     unsigned long long addr;
     if (cbp_handle(arg, "address", &addr) < 0) return NULL;
     CUdeviceptr d;
@@ -145,8 +149,10 @@ static PyObject *Context_get_device_address(ContextObject *self, PyObject *arg)
     return PyLong_FromUnsignedLongLong((unsigned long long)d);
 }
 
-static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *obj)
+static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *obj;
+    if (cbp_one_arg("buffer_from_object", "obj", args, nargs, kwnames, &obj) < 0) return NULL;
     if (cbp_Buffer_Check(obj)) {
         cubuf_buffer_t *b = ((BufferObject *)obj)->buf;
         return foreign(self, cubuf_buffer_ptr(b), cubuf_buffer_size(b), obj, "Context.buffer_from_object");
@@ -172,8 +178,10 @@ static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *obj)
                         Py_TYPE(obj)->tp_name);
 }
 
-static PyObject *Context_open_ipc_buffer(ContextObject *self, PyObject *arg)
+static PyObject *Context_open_ipc_buffer(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *arg;
+    if (cbp_one_arg("open_ipc_buffer", "ipc_handle", args, nargs, kwnames, &arg) < 0) return NULL;
     if (!PyObject_TypeCheck(arg, &cbp_Descriptor_Type))
         return PyErr_Format(PyExc_TypeError, "open_ipc_buffer: expected a cubuf.IPCBufferDescriptor, not %.200s",
                             Py_TYPE(arg)->tp_name);
@@ -258,18 +266,18 @@ static PyObject *Context_to_numba(ContextObject *self, PyObject *unused)
 
 static PyMethodDef Context_methods[] = {
     {"get_num_devices", (PyCFunction)Context_get_num_devices, METH_NOARGS | METH_STATIC, "Number of GPU devices."},
-    {"new_buffer", (PyCFunction)Context_new_buffer, METH_O, "new_buffer(nbytes) -> Buffer of device memory."},
+    {"new_buffer", (PyCFunction)(void (*)(void))Context_new_buffer, METH_FASTCALL | METH_KEYWORDS, "new_buffer(nbytes) -> Buffer of device memory."},
     {"buffer_from_data", (PyCFunction)(void (*)(void))Context_buffer_from_data, METH_FASTCALL | METH_KEYWORDS,
      "buffer_from_data(data, offset=0, size=-1) -> a new device Buffer holding a copy of data (a\n"
      "buffer-protocol object or a cubuf Buffer)."},
-    {"buffer_from_object", (PyCFunction)Context_buffer_from_object, METH_O,
+    {"buffer_from_object", (PyCFunction)(void (*)(void))Context_buffer_from_object, METH_FASTCALL | METH_KEYWORDS,
      "buffer_from_object(obj) -> a view of device-accessible memory: a cubuf Buffer, an object with\n"
      "__cuda_array_interface__ (the contiguous span holding every element), or pinned host memory."},
     {"foreign_buffer", (PyCFunction)(void (*)(void))Context_foreign_buffer, METH_FASTCALL | METH_KEYWORDS,
      "foreign_buffer(address, size, base=None) -> a view; base is kept alive by it."},
-    {"get_device_address", (PyCFunction)Context_get_device_address, METH_O,
+    {"get_device_address", (PyCFunction)(void (*)(void))Context_get_device_address, METH_FASTCALL | METH_KEYWORDS,
      "get_device_address(address) -> the address kernels in this context use."},
-    {"open_ipc_buffer", (PyCFunction)Context_open_ipc_buffer, METH_O,
+    {"open_ipc_buffer", (PyCFunction)(void (*)(void))Context_open_ipc_buffer, METH_FASTCALL | METH_KEYWORDS,
      "open_ipc_buffer(ipc_handle) -> Buffer imported from an IPCBufferDescriptor."},
     {"synchronize", (PyCFunction)Context_synchronize, METH_NOARGS, "Blocks until the device is idle."},
     {"from_numba", (PyCFunction)(void (*)(void))Context_from_numba, METH_FASTCALL | METH_KEYWORDS | METH_STATIC,

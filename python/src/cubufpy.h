@@ -82,7 +82,7 @@ int cbp_resource_types_ready(PyObject *module);
 PyObject *cbp_fail(cubuf_status_t st, const char *what);
 /* The same with the Python exception chosen by the caller (exc NULL: by status). */
 PyObject *cbp_fail_as(PyObject *exc, cubuf_status_t st, const char *what);
-extern PyObject *cbp_CUDAError;
+extern PyObject *cbp_CUDAError, *cbp_CUDAWarning;
 
 /* ---- arguments (module.c) ------------------------------------------------ */
 
@@ -92,6 +92,10 @@ extern PyObject *cbp_CUDAError;
  * are NULL. Returns 0, or -1 with TypeError set. */
 int cbp_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
               const char *const *names, int n, int npos, unsigned required, PyObject **out);
+
+/* The one argument `name` of a method taking exactly one (positional or keyword). */
+int cbp_one_arg(const char *fname, const char *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                PyObject **out);
 
 /* Handles and pointers: anything int() converts (ints, __index__, and
  * objects with __int__ such as cuda.bindings handles); floats and strings

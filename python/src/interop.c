@@ -90,16 +90,21 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
         src = copied;
     }
     PyObject *cap = NULL;
+    /* A read-only import stays read-only (an unversioned tensor cannot say
+     * so: cubuf refuses it, a BufferError). */
+    cubuf_dlpack_options_t ro = CUBUF_DLPACK_OPTIONS_INIT;
+    ro.read_only = true;
+    const cubuf_dlpack_options_t *opts = !copy && cubuf_dlpack_is_read_only(src) ? &ro : NULL;
     if (versioned) {
         DLManagedTensorVersioned *t;
-        st = cubuf_buffer_to_dlpack(src, NULL, &t);
+        st = cubuf_buffer_to_dlpack(src, opts, &t);
         if (st == CUBUF_SUCCESS) {
             if (copy) t->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
             if (!(cap = PyCapsule_New(t, "dltensor_versioned", capsule_versioned_del))) t->deleter(t);
         }
     } else {
         DLManagedTensor *t;
-        st = cubuf_buffer_to_dlpack_unversioned(src, NULL, &t);
+        st = cubuf_buffer_to_dlpack_unversioned(src, opts, &t);
         if (st == CUBUF_SUCCESS && !(cap = PyCapsule_New(t, "dltensor", capsule_unversioned_del))) t->deleter(t);
     }
     cubuf_buffer_release(copied); /* the tensor holds the copy now */
@@ -213,8 +218,9 @@ PyObject *cbp_buffer_cai(BufferObject *self, void *closure)
     PyObject *stream = api_stream_int(self->work_stream);
     if (!stream) return NULL;
     PyObject *d = Py_BuildValue("{s(n)sss(KO)sisOsN}", "shape", (Py_ssize_t)cubuf_buffer_size(self->buf), "typestr",
-                                "|u1", "data", (unsigned long long)cubuf_buffer_ptr(self->buf), Py_False, "version", 3,
-                                "strides", Py_None, "stream", stream);
+                                "|u1", "data", (unsigned long long)cubuf_buffer_ptr(self->buf),
+                                cubuf_dlpack_is_read_only(self->buf) ? Py_True : Py_False, "version", 3, "strides",
+                                Py_None, "stream", stream);
     return d;
 }
 

@@ -5,7 +5,34 @@
 
 #include "driver.h" /* cuGetErrorName for CUDAError.result, cuStreamIsCapturing */
 
-PyObject *cbp_CUDAError;
+PyObject *cbp_CUDAError, *cbp_CUDAWarning;
+
+/* cubuf's warnings (failures no call can return: the last release of a
+ * buffer whose close failed, a default stream skipped during a capture)
+ * become Python warnings of category cubuf.CUDAWarning. */
+static void warning_handler(cubuf_status_t st, const char *message, void *user)
+{
+    if (!Py_IsInitialized()) {
+        fprintf(stderr, "cubuf warning: %s: %s\n", cubuf_status_name(st), message);
+        return;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    /* keep an exception being raised */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *pending = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    if (PyErr_WarnFormat(cbp_CUDAWarning, 1, "%s: %s", cubuf_status_name(st), message) < 0)
+        PyErr_WriteUnraisable(NULL); /* warnings turned into errors: nothing can raise here */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(pending);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+    PyGILState_Release(g);
+}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -100,6 +127,14 @@ int cbp_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObje
             return -1;
         }
     return 0;
+}
+
+int cbp_one_arg(const char *fname, const char *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                PyObject **out)
+{
+    if (nargs == 1 && !kwnames) return (*out = args[0]), 0;
+    const char *const names[] = {name};
+    return cbp_parse(fname, args, nargs, kwnames, names, 1, 1, 1u, out);
 }
 
 int cbp_handle(PyObject *o, const char *what, unsigned long long *out)
@@ -288,8 +323,12 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     cubuf_context_handle(ctx, &h);
     CUresult r = cubuf__drv.cuCtxPushCurrent(h);
     if (r != CUDA_SUCCESS) return (PyErr_Format(cbp_CUDAError, "cuCtxPushCurrent failed: CUresult %d", (int)r), -1);
-    st = cubuf_event_record(handoff_events[device], producer);
-    if (st == CUBUF_SUCCESS) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
+    /* Nothing to wait for when the producer's work has all completed (one
+     * query, cheaper than a record and a wait). */
+    bool idle = false;
+    st = cubuf_stream_query(producer, &idle);
+    if (st == CUBUF_SUCCESS && !idle) st = cubuf_event_record(handoff_events[device], producer);
+    if (st == CUBUF_SUCCESS && !idle) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
     cubuf__drv.cuCtxPopCurrent(&popped);
     if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     return 0;
@@ -456,19 +495,6 @@ static PyObject *mod_driver_version(PyObject *m, PyObject *unused)
     return PyLong_FromLong(v);
 }
 
-static PyObject *mod_is_capturing(PyObject *m, PyObject *arg)
-{
-    CUstream s;
-    if (cbp_stream(arg, &s) < 0) return NULL;
-    cubuf_status_t st = cubuf__driver_load();
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "is_capturing");
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = cubuf__drv.cuStreamIsCapturing(s, &cs);
-    if (r != CUDA_SUCCESS)
-        return PyErr_Format(cbp_CUDAError, "cuStreamIsCapturing failed: CUresult %d", (int)r);
-    return PyBool_FromLong(cs != CU_STREAM_CAPTURE_STATUS_NONE);
-}
-
 static PyObject *mod_stream_handle(PyObject *m, PyObject *arg)
 {
     CUstream s;
@@ -483,7 +509,6 @@ static PyMethodDef module_methods[] = {
     {"default_stream", mod_default_stream, METH_NOARGS, "The legacy default stream (cubuf.LEGACY_DEFAULT_STREAM)."},
     {"get_num_devices", mod_get_num_devices, METH_NOARGS, "Number of CUDA devices."},
     {"driver_version", mod_driver_version, METH_NOARGS, "The CUDA driver's version (13000 for 13.0)."},
-    {"_is_capturing", mod_is_capturing, METH_O, "Whether a stream is capturing."},
     {"from_dlpack", (PyCFunction)(void (*)(void))cbp_from_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "from_dlpack(x, /, *, stream=None): a Buffer over the memory of a DLPack producer, without a copy.\n"
      "stream: the stream the buffer will be used on (the producer makes its work visible there;\n"
@@ -492,6 +517,7 @@ static PyMethodDef module_methods[] = {
 
 static void module_free(void *m)
 {
+    cubuf_set_warning_handler(NULL, NULL);
     for (int i = 0; i < CBP_MAX_DEVICES; i++) {
         if (handoff_events[i]) cubuf_event_destroy(handoff_events[i]);
         handoff_events[i] = NULL;
@@ -521,6 +547,13 @@ PyMODINIT_FUNC PyInit__cubuf(void)
         "when no driver call failed (no driver); code: the CUresult; status: cubuf's status name.",
         PyExc_RuntimeError, NULL);
     if (!cbp_CUDAError || PyModule_AddObjectRef(m, "CUDAError", cbp_CUDAError) < 0) goto fail;
+    cbp_CUDAWarning = PyErr_NewExceptionWithDoc(
+        "cubuf.CUDAWarning",
+        "A failure no call could return (cuda.core's CUDAWarning): the last release of a buffer whose close\n"
+        "failed, or a default stream that was not synchronized because that would disturb a capture.",
+        PyExc_RuntimeWarning, NULL);
+    if (!cbp_CUDAWarning || PyModule_AddObjectRef(m, "CUDAWarning", cbp_CUDAWarning) < 0) goto fail;
+    cubuf_set_warning_handler(warning_handler, NULL);
     if (add_type(m, &cbp_Stream_Type, "Stream") < 0 || add_type(m, &cbp_Buffer_Type, "Buffer") < 0 ||
         add_type(m, &cbp_VirtualMemoryBuffer_Type, "VirtualMemoryBuffer") < 0 ||
         add_type(m, &cbp_MemoryResource_Type, "MemoryResource") < 0 ||

@@ -3,7 +3,11 @@
 
 #include <string.h>
 
+#if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_READONLY READONLY
+#endif
 
 #include <cubuf/caching.h>
 
@@ -622,10 +626,10 @@ int cbp_copy_options(PyObject *o, const cubuf_copy_options_t **out)
 }
 
 static PyMemberDef CopyOptions_members[] = {
-    {"src_access_order", T_OBJECT, offsetof(CopyOptionsObject, src_access_order), READONLY, NULL},
-    {"src_location_hint", T_OBJECT, offsetof(CopyOptionsObject, src_location_hint), READONLY, NULL},
-    {"dst_location_hint", T_OBJECT, offsetof(CopyOptionsObject, dst_location_hint), READONLY, NULL},
-    {"overlap_mode", T_OBJECT, offsetof(CopyOptionsObject, overlap_mode), READONLY, NULL},
+    {"src_access_order", Py_T_OBJECT_EX, offsetof(CopyOptionsObject, src_access_order), Py_READONLY, NULL},
+    {"src_location_hint", Py_T_OBJECT_EX, offsetof(CopyOptionsObject, src_location_hint), Py_READONLY, NULL},
+    {"dst_location_hint", Py_T_OBJECT_EX, offsetof(CopyOptionsObject, dst_location_hint), Py_READONLY, NULL},
+    {"overlap_mode", Py_T_OBJECT_EX, offsetof(CopyOptionsObject, overlap_mode), Py_READONLY, NULL},
     {NULL, 0, 0, 0, NULL}};
 
 PyTypeObject cbp_CopyOptions_Type = {

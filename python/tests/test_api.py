@@ -39,10 +39,8 @@ def test_buffer_cannot_be_instantiated():
         cubuf.MemoryResource()
 
 
-def test_cuda_error_carries_the_result_without_a_driver(monkeypatch):
-    # CPU-only run (no driver): the call fails before any CUresult exists.
-    if cubuf.get_num_devices.__module__ is None:
-        pass
+def test_cuda_error_without_a_driver():
+    # Without a driver the call fails before any CUresult exists: result None.
     try:
         n = cubuf.get_num_devices()
     except cubuf.CUDAError as e:

@@ -40,7 +40,7 @@ def test_allocate_fill_copy_close(kind, stream):
     c.fill(b"\x01\x02\x03\x04", stream=stream)
     b.copy_from(c, stream=stream)
     assert b.copy_to_host(0, 8, stream=stream) == b"\x01\x02\x03\x04" * 2
-    assert c.copy_to(b, stream=stream) is b
+    assert c.copy_to(dst=b, stream=stream) is b
     before = mr.stats["current_bytes"]
     c.close(stream)
     assert c.is_closed and c.size == 0 and c.handle == 0
@@ -177,6 +177,28 @@ def test_set_deallocation_stream_and_close_on_stream(stream):
     assert b.is_closed
     stream.sync()
     assert mr.stats["current_count"] == 0
+
+
+def test_set_deallocation_stream_on_a_view(drv):
+    b = cubuf.DeviceMemoryResource(0).allocate(256)
+    view = cubuf.Buffer.from_handle(b.handle, 256)
+    drv.clear_current()
+    view.set_deallocation_stream(cubuf.default_stream())  # a view frees nothing: any stream will do
+    view.set_deallocation_stream(stream=cubuf.Stream(0))
+    view.close()
+    with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
+        view.set_deallocation_stream(cubuf.default_stream())
+
+
+def test_failed_last_release_is_a_cuda_warning(drv, stream):
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(4096, stream=stream)
+    drv.begin_capture(stream)
+    try:
+        with pytest.warns(cubuf.CUDAWarning, match="CUBUF_ERROR_STREAM_CAPTURING"):
+            del b  # its close on the capturing stream is refused: the memory is lost, not freed into the graph
+    finally:
+        drv.end_capture(stream)
 
 
 def test_deallocate_refuses_pointer_0():

@@ -36,6 +36,7 @@ def test_new_buffer_and_bytes_allocated(ctx):
     c.close()
     assert ctx.bytes_allocated == base
     assert ctx.new_buffer(0).size == 0
+    assert ctx.new_buffer(nbytes=8).size == 8
     with pytest.raises(OverflowError):
         ctx.new_buffer(-1)
 

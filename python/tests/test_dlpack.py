@@ -124,6 +124,23 @@ def test_numpy_host_memory_round_trip():
         cubuf.from_dlpack(object())
 
 
+def test_read_only_import_stays_read_only():
+    a = np.arange(16, dtype=np.uint8)
+    a.flags.writeable = False
+    try:
+        imp = cubuf.from_dlpack(a)
+    except (BufferError, TypeError) as e:  # a numpy that exports no read-only arrays
+        pytest.skip(f"numpy {np.__version__}: {e}")
+    cap = imp.__dlpack__(max_version=(1, 0))
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    flags = ctypes.c_uint64.from_address(get(cap, b"dltensor_versioned") + 24).value
+    assert flags & 1  # DLPACK_FLAG_BITMASK_READ_ONLY passed on
+    with pytest.raises(BufferError):
+        imp.__dlpack__()  # an unversioned tensor cannot carry the flag
+
+
 def test_cuda_array_interface():
     s = cubuf.Stream(0)
     b = cubuf.DeviceMemoryResource(0).allocate(100, stream=s)

@@ -73,14 +73,17 @@ def main():
         runs[mode] = json.loads(p.stdout.strip().splitlines()[-1])
     s = runs["cubuf"]["stats"]
     same = True
+    compared = set()
     for part in PARTS:
         n1, n2, c = (runs[m]["digest"][part] for m in ("native", "native2", "cubuf"))
-        if n1 != n2:
+        if n1 != n2:  # CuPy's float cumsum is not, on the H200 (CUB's scan)
             print("%-12s not deterministic natively (%s / %s): not compared" % (part, n1[:16], n2[:16]))
-            same = same and part in ("matmul", "fft")  # the element-wise parts must be
             continue
         print("%-12s %s (native) / %s (cubuf)%s" % (part, n1[:16], c[:16], "" if n1 == c else "  DIFFERENT"))
         same = same and n1 == c
+        compared.add(part)
+    # The element-wise results and the sorts are deterministic: they must be compared.
+    same = same and {"elementwise", "sort"} <= compared
     print("cubuf: %d hits, %d misses, %d live, %d cached bytes" %
           (s["hits"], s["misses"], s["live_count"], s["cached_bytes"]))
     ok = same and s["hits"] > 100 and s["misses"] > 0
