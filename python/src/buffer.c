@@ -63,10 +63,37 @@ static int Buffer_clear(BufferObject *self)
     return 0;
 }
 
+/* The buffer outlives this object (a DLPack consumer holds it: its close
+ * was refused as busy), and its deallocation stream is a Python stream
+ * object about to be dropped (and destroyed): the free moves to the
+ * legacy default stream of the buffer's context, made to wait for the
+ * work queued on that stream so far. */
+static void free_later_on_legacy(BufferObject *self)
+{
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb); /* a dealloc leaves the error state as it found it */
+    CUstream s = NULL;
+    int dev = cubuf_buffer_device_id(self->buf);
+    if (cbp_stream(self->stream_ref, &s) == 0 && dev >= 0 &&
+        cbp_stream_handoff(dev, s, CU_STREAM_LEGACY) == 0 &&
+        cubuf_buffer_set_deallocation_stream(self->buf, CU_STREAM_LEGACY) == CUBUF_SUCCESS) {
+        PyErr_Restore(exc_type, exc, tb);
+        return;
+    }
+    PyErr_Clear();
+    PyErr_Restore(exc_type, exc, tb);
+    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                     "a buffer exported through DLPack outlives its Python object and its stream; "
+                     "its memory is freed on a stream that may be gone (%s)", cubuf_last_error());
+}
+
 static void Buffer_dealloc(BufferObject *self)
 {
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->stream_ref && !cubuf_buffer_is_closed(self->buf) &&
+        cubuf_buffer_close(self->buf) == CUBUF_ERROR_BUSY)
+        free_later_on_legacy(self);
     cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
     Buffer_clear(self);
     Py_CLEAR(self->stream_ref); /* only now: the release above may have used the stream */

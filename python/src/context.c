@@ -230,7 +230,7 @@ static PyObject *call_numba_helper(const char *name, PyObject *arg)
 {
     PyObject *mod = PyImport_ImportModule("cubuf._numba");
     if (!mod) return NULL;
-    PyObject *r = PyObject_CallMethod(mod, name, "O", arg);
+    PyObject *r = PyObject_CallMethod(mod, name, "(O)", arg); /* "O" would spread a tuple into arguments */
     Py_DECREF(mod);
     return r;
 }
