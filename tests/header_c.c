@@ -6,6 +6,7 @@
 #include <cubuf.h>
 #include <cubuf/dlpack.h>
 #include <cubuf/dist.h>
+#include <cubuf/caching.h>
 #include <stdio.h>
 
 #define CHECK_INIT(type, init, v1)                                                  \
@@ -39,6 +40,9 @@ int main(void)
     CHECK_INIT(cubuf_dmabuf_t, CUBUF_DMABUF_INIT, CUBUF_DMABUF_SIZE_V1);
     CHECK_INIT(cubuf_memory_info_t, CUBUF_MEMORY_INFO_INIT, CUBUF_MEMORY_INFO_SIZE_V1);
     CHECK_INIT(cubuf_physical_info_t, CUBUF_PHYSICAL_INFO_INIT, CUBUF_PHYSICAL_INFO_SIZE_V1);
+    CHECK_INIT(cubuf_statistics_t, CUBUF_STATISTICS_INIT, CUBUF_STATISTICS_SIZE_V1);
+    CHECK_INIT(cubuf_log_options_t, CUBUF_LOG_OPTIONS_INIT, CUBUF_LOG_OPTIONS_SIZE_V1);
+    CHECK_INIT(cubuf_caching_options_t, CUBUF_CACHING_OPTIONS_INIT, CUBUF_CACHING_OPTIONS_SIZE_V1);
     cubuf_resource_stats_t stats = CUBUF_RESOURCE_STATS_INIT;
     _Static_assert(CUBUF_RESOURCE_OPS_SIZE_V1 <= sizeof(cubuf_resource_ops_t), "ops v1");
     if (stats.struct_size != sizeof stats) return 1;

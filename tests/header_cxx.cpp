@@ -4,6 +4,7 @@
 #include <cubuf.h>
 #include <cubuf/dlpack.h>
 #include <cubuf/dist.h>
+#include <cubuf/caching.h>
 #include <cstdio>
 
 template <typename T> static bool sized(const T &x)
@@ -30,9 +31,13 @@ int main()
     cubuf_memory_info_t meminfo = CUBUF_MEMORY_INFO_INIT;
     cubuf_physical_info_t phys = CUBUF_PHYSICAL_INFO_INIT;
     cubuf_dlpack_options_t dlpack = CUBUF_DLPACK_OPTIONS_INIT;
+    cubuf_statistics_t statistics = CUBUF_STATISTICS_INIT;
+    cubuf_log_options_t log = CUBUF_LOG_OPTIONS_INIT;
+    cubuf_caching_options_t caching = CUBUF_CACHING_OPTIONS_INIT;
     static_assert(sizeof(DLDeviceType) == 4 && sizeof(DLManagedTensorVersioned) == 80, "dlpack");
     static_assert(CUBUF_VMM_OPTIONS_SIZE_V1 <= sizeof(cubuf_vmm_options_t), "vmm v1");
     static_assert(CUBUF_DEVICE_INFO_SIZE_V1 <= sizeof(cubuf_device_info_t), "info v1");
+    if (!(sized(statistics) && sized(log) && sized(caching))) return 1;
     if (!(sized(caps) && sized(dmabuf_options) && sized(dmabuf) && sized(meminfo) && sized(phys)))
         return 1;
     if (!(sized(info) && sized(copy) && sized(props) && sized(stats) && sized(pool) &&
