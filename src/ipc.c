@@ -226,27 +226,32 @@ fail:
     return st;
 }
 
-/* The vtbl entries of the pool and the synchronous device resources. */
-cubuf_status_t cubuf__ipc_export_pool(const cubuf_buffer_t *root, uint64_t offset, size_t size,
-                                      cubuf_ipc_descriptor_t **out)
+/* A descriptor of `mechanism` with `nfds` fds, filled by `fill`. */
+static cubuf_status_t export_with(cubuf_ipc_mechanism_t mechanism, size_t nfds,
+                                  cubuf_status_t (*fill)(const cubuf_buffer_t *, uint64_t, size_t,
+                                                         cubuf_ipc_descriptor_t *),
+                                  const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                  cubuf_ipc_descriptor_t **out)
 {
-    cubuf_status_t st = cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_POOL, 1, out);
-    if (st == CUBUF_SUCCESS && (st = export_pool(root, offset, size, *out)) != CUBUF_SUCCESS) {
+    cubuf_status_t st = cubuf__ipc_desc_new(mechanism, nfds, out);
+    if (st == CUBUF_SUCCESS && (st = fill(root, offset, size, *out)) != CUBUF_SUCCESS) {
         cubuf_ipc_descriptor_destroy(*out);
         *out = NULL;
     }
     return st;
 }
 
+/* The vtbl entries of the pool and the synchronous device resources. */
+cubuf_status_t cubuf__ipc_export_pool(const cubuf_buffer_t *root, uint64_t offset, size_t size,
+                                      cubuf_ipc_descriptor_t **out)
+{
+    return export_with(CUBUF_IPC_MECHANISM_POOL, 1, export_pool, root, offset, size, out);
+}
+
 cubuf_status_t cubuf__ipc_export_legacy(const cubuf_buffer_t *root, uint64_t offset, size_t size,
                                         cubuf_ipc_descriptor_t **out)
 {
-    cubuf_status_t st = cubuf__ipc_desc_new(CUBUF_IPC_MECHANISM_LEGACY, 0, out);
-    if (st == CUBUF_SUCCESS && (st = export_legacy(root, offset, size, *out)) != CUBUF_SUCCESS) {
-        cubuf_ipc_descriptor_destroy(*out);
-        *out = NULL;
-    }
-    return st;
+    return export_with(CUBUF_IPC_MECHANISM_LEGACY, 0, export_legacy, root, offset, size, out);
 }
 
 cubuf_status_t cubuf_buffer_ipc_descriptor(const cubuf_buffer_t *buf, cubuf_ipc_descriptor_t **out)

@@ -179,39 +179,41 @@ fail:
 
 /* Both allocate in the resource's context, not the stream's, and order
  * nothing: they are synchronous. */
-static cubuf_status_t host_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                    bool in_ctx, cubuf_charge_t *charge)
+static cubuf_status_t alloc_host(size_t size, CUdeviceptr *p)
 {
-    (void)stream;
-    (void)in_ctx;
-    (void)charge;
+    /* With unified addressing the host pointer is also the device address. */
+    void *h = NULL;
+    cubuf_status_t st = CU(cuMemHostAlloc, &h, size, CU_MEMHOSTALLOC_PORTABLE);
+    *p = (CUdeviceptr)(uintptr_t)h;
+    return st;
+}
+static cubuf_status_t alloc_device(size_t size, CUdeviceptr *p) { return CU(cuMemAlloc, p, size); }
+
+static cubuf_status_t sync_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
+                                    cubuf_status_t (*alloc_fn)(size_t, CUdeviceptr *))
+{
     cubuf_ctx_guard_t g;
     cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
     if (st != CUBUF_SUCCESS) return st;
-    /* With unified addressing the host pointer is also the device address. */
-    void *h = NULL;
-    if ((st = CU(cuMemHostAlloc, &h, buf->size, CU_MEMHOSTALLOC_PORTABLE)) == CUBUF_SUCCESS)
-        buf->ptr = (CUdeviceptr)(uintptr_t)h;
-    else
-        cubuf__detail_append("size %zu", buf->size);
+    CUdeviceptr p = 0;
+    if ((st = alloc_fn(buf->size, &p)) == CUBUF_SUCCESS) buf->ptr = p;
+    else cubuf__detail_append("size %zu", buf->size);
     cubuf__ctx_pop(&g);
     return st;
+}
+
+static cubuf_status_t host_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
+                                    bool in_ctx, cubuf_charge_t *charge)
+{
+    (void)stream, (void)in_ctx, (void)charge;
+    return sync_allocate(res, buf, alloc_host);
 }
 
 static cubuf_status_t device_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                       bool in_ctx, cubuf_charge_t *charge)
 {
-    (void)stream;
-    (void)in_ctx;
-    (void)charge;
-    cubuf_ctx_guard_t g;
-    cubuf_status_t st = cubuf__ctx_push(res->ctx->handle, &g);
-    if (st != CUBUF_SUCCESS) return st;
-    CUdeviceptr p = 0;
-    if ((st = CU(cuMemAlloc, &p, buf->size)) == CUBUF_SUCCESS) buf->ptr = p;
-    else cubuf__detail_append("size %zu", buf->size);
-    cubuf__ctx_pop(&g);
-    return st;
+    (void)stream, (void)in_ctx, (void)charge;
+    return sync_allocate(res, buf, alloc_device);
 }
 
 static const cubuf_resource_vtbl_t legacy_pinned_vtbl = {
