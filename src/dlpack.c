@@ -80,7 +80,7 @@ cubuf_status_t cubuf_buffer_dlpack_device(const cubuf_buffer_t *buf, int32_t *de
 {
     static const char what[] = "cubuf_buffer_dlpack_device";
     CHECK_ARG(buf && device_type && device_id, "%s: NULL argument", what);
-    DLDevice d;
+    DLDevice d = {kDLCPU, 0}; /* set by device_of; initialized for gcc -O3 */
     cubuf_status_t st = device_of(buf, what, &d);
     if (st != CUBUF_SUCCESS) return st;
     *device_type = (int32_t)d.device_type;
