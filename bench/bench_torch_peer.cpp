@@ -6,7 +6,10 @@
 // process: allocate + free on one stream at 256 B, 4 KiB, 64 KiB, 1 MiB and
 // 64 MiB, then 8 threads on 8 streams against 1 thread at 4 KiB and with
 // random sizes 256 B - 1 MiB. Ratios printed; targets: cubuf <= 0.25x
-// PyTorch up to 1 MiB. Built on the device by bench/build_torch_peer.sh.
+// PyTorch up to 1 MiB. With a logging adaptor's log as argument
+// (bench_torch_peer LOG, e.g. tests/python_frameworks/torch_mlp.py's), the
+// three sides also replay it, in the log's order on one stream; target:
+// cubuf faster than both. Built on the device by bench/build_torch_peer.sh.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda.h>
 #include <dlfcn.h>
@@ -16,7 +19,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <cubuf.h>
@@ -152,9 +157,78 @@ double throughput(Side side, int threads, bool random, std::vector<CUstream> &st
     return double(total) / (now() - t0);
 }
 
+// A log's successful events in order: allocations numbered, each free
+// naming its allocation; what the log never frees is freed at the end.
+struct Event {
+    bool alloc;
+    size_t size;
+    long id;
+};
+
+bool read_log(const char *path, std::vector<Event> &ev, long &nalloc)
+{
+    FILE *f = std::fopen(path, "r");
+    if (!f) return false;
+    std::unordered_map<unsigned long long, std::pair<long, size_t>> live;
+    char line[512];
+    nalloc = 0;
+    while (std::fgets(line, sizeof line, f)) {
+        long long t;
+        int tid;
+        void *stream;
+        char op[16], status[48];
+        unsigned long long ptr;
+        size_t size;
+        if (line[0] == '#' || std::sscanf(line, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &t, &tid, &stream, op,
+                                          &ptr, &size, status) != 7)
+            continue;
+        if (std::string(status) != "CUBUF_SUCCESS" || size == 0) continue;
+        if (op[0] == 'a') {
+            live[ptr] = {nalloc, size};
+            ev.push_back({true, size, nalloc++});
+        } else {
+            auto it = live.find(ptr);
+            if (it == live.end()) continue; /* allocated before the log began */
+            ev.push_back({false, it->second.second, it->second.first});
+            live.erase(it);
+        }
+    }
+    std::fclose(f);
+    for (auto &l : live) ev.push_back({false, l.second.second, l.second.first});
+    return true;
+}
+
+// Nanoseconds per operation of one replay of the events by `side` on `s`.
+double replay(Side side, const std::vector<Event> &ev, long nalloc, CUstream s)
+{
+    std::vector<void *> p(size_t(nalloc), nullptr);
+    DRV(drv.stream_sync(s));
+    double t0 = now();
+    for (const Event &e : ev) {
+        if (e.alloc) {
+            if (side == TORCH) p[e.id] = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(e.size, s);
+            else if (side == CUBUF) p[e.id] = cubuf_torch_alloc(e.size, 0, s);
+            else {
+                CUdeviceptr d = 0;
+                DRV(drv.alloc_from_pool(&d, e.size, g_pool, s));
+                p[e.id] = reinterpret_cast<void *>(d);
+            }
+            if (!p[e.id]) die("replay allocation", int(side));
+        } else if (side == TORCH) {
+            c10::cuda::CUDACachingAllocator::raw_delete(p[e.id]);
+        } else if (side == CUBUF) {
+            cubuf_torch_free(p[e.id], e.size, 0, s);
+        } else {
+            DRV(drv.free_async(reinterpret_cast<CUdeviceptr>(p[e.id]), s));
+        }
+    }
+    DRV(drv.stream_sync(s));
+    return (now() - t0) / double(ev.size()) * 1e9;
+}
+
 }  // namespace
 
-int main()
+int main(int argc, char **argv)
 {
     const char *path = std::getenv("CUBUF_LIBCUDA"); // the driver cubuf loads too
     void *lib = dlopen(path ? path : "libcuda.so.1", RTLD_NOW);
@@ -228,6 +302,37 @@ int main()
         std::printf("8 threads: cubuf/pytorch throughput %.2fx, cubuf/raw %.2fx, pytorch/raw %.2fx\n",
                     at8[CUBUF] / at8[TORCH], at8[CUBUF] / at8[RAW], at8[TORCH] / at8[RAW]);
         std::fflush(stdout);
+    }
+    if (argc > 1) {
+        std::vector<Event> ev;
+        long nalloc = 0;
+        if (!read_log(argv[1], ev, nalloc)) die("reading the log", 0);
+        std::printf("\nreplay of %s: %zu events (%ld allocations), in order on one stream; ns per "
+                    "operation, median of 7 rounds\n", argv[1], ev.size(), nalloc);
+        std::vector<double> t[3];
+        for (int w = 0; w < 3; w++) replay(Side(w), ev, nalloc, streams[0]); /* warm */
+        for (int r = 0; r < 7; r++)
+            for (int k = 0; k < 3; k++) {
+                int w = (k + r) % 3;
+                t[w].push_back(replay(Side(w), ev, nalloc, streams[0]));
+            }
+        double med[3];
+        for (int w = 0; w < 3; w++) {
+            std::sort(t[w].begin(), t[w].end());
+            med[w] = t[w][t[w].size() / 2];
+        }
+        std::printf("%10s %10s %10s | %12s %12s\n", "pytorch", "cubuf", "raw pool", "cubuf/torch", "cubuf/pool");
+        std::printf("%10.1f %10.1f %10.1f | %12.3f %12.3f\n", med[TORCH], med[CUBUF], med[RAW],
+                    med[CUBUF] / med[TORCH], med[CUBUF] / med[RAW]);
+        const char *who[2] = {"pytorch", "raw_pool"};
+        const double vs[2] = {med[TORCH], med[RAW]};
+        for (int i = 0; i < 2; i++) {
+            bool ok = med[CUBUF] < vs[i];
+            pass += ok;
+            std::snprintf(lines[targets++], sizeof lines[0],
+                          "TARGET torch_peer/replay_cubuf_vs_%s: ratio %.3f (target < 1.00) %s", who[i],
+                          med[CUBUF] / vs[i], ok ? "PASS" : "MISS");
+        }
     }
     std::printf("\n== bench_torch_peer summary\n");
     for (int i = 0; i < targets; i++) std::printf("%s\n", lines[i]);
