@@ -110,7 +110,10 @@ CUBUF_API cubuf_status_t cubuf_statistics_pop(cubuf_resource_t *res, cubuf_stati
  * CUBUF_ERROR_OUT_OF_MEMORY before the upstream is asked, with a detail
  * naming the request, the cap and the bytes allocated through it now.
  * Requests are counted from the moment they are admitted, so concurrent
- * requests never pass the cap together. Adds no driver call.
+ * requests never pass the cap together. The cap applies to the bytes
+ * requested: over an upstream that rounds them up (virtual memory, to its
+ * granularity) the statistics show the upstream's larger figure once an
+ * allocation is made. Adds no driver call.
  */
 CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, size_t cap,
                                                     cubuf_resource_t **out);
