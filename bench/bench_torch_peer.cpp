@@ -169,9 +169,14 @@ bool read_log(const char *path, std::vector<Event> &ev, long &nalloc)
 {
     FILE *f = std::fopen(path, "r");
     if (!f) return false;
-    std::unordered_map<unsigned long long, std::pair<long, size_t>> live;
+    struct Line {
+        long long time;
+        bool alloc;
+        unsigned long long ptr;
+        size_t size;
+    };
+    std::vector<Line> lines;
     char line[512];
-    nalloc = 0;
     while (std::fgets(line, sizeof line, f)) {
         long long t;
         int tid;
@@ -183,17 +188,24 @@ bool read_log(const char *path, std::vector<Event> &ev, long &nalloc)
                                           &ptr, &size, status) != 7)
             continue;
         if (std::string(status) != "CUBUF_SUCCESS" || size == 0) continue;
-        if (op[0] == 'a') {
-            live[ptr] = {nalloc, size};
-            ev.push_back({true, size, nalloc++});
+        lines.push_back({t, op[0] == 'a', ptr, size});
+    }
+    std::fclose(f);
+    /* A log's batches may come out of time order (cubuf/adaptor.h). */
+    std::stable_sort(lines.begin(), lines.end(), [](const Line &a, const Line &b) { return a.time < b.time; });
+    std::unordered_map<unsigned long long, std::pair<long, size_t>> live;
+    nalloc = 0;
+    for (const Line &l : lines) {
+        if (l.alloc) {
+            live[l.ptr] = {nalloc, l.size};
+            ev.push_back({true, l.size, nalloc++});
         } else {
-            auto it = live.find(ptr);
+            auto it = live.find(l.ptr);
             if (it == live.end()) continue; /* allocated before the log began */
             ev.push_back({false, it->second.second, it->second.first});
             live.erase(it);
         }
     }
-    std::fclose(f);
     for (auto &l : live) ev.push_back({false, l.second.second, l.second.first});
     return true;
 }

@@ -24,6 +24,10 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
     return CUBUF_SUCCESS;
 }
 
+const char cubuf__adaptor_no_adopt[] =
+    "an adaptor frees through its upstream's raw-pointer interface, which takes back only what "
+    "was allocated through it (allocate from the adaptor instead)";
+
 void cubuf__adaptor_destroy(cubuf_resource_t *res)
 {
     cubuf_adaptor_t *a = res->impl; /* freed with the resource */
@@ -51,6 +55,7 @@ static void stats_destroy(cubuf_resource_t *res)
 
 static const cubuf_resource_vtbl_t stats_vtbl = {
     .name = "statistics adaptor",
+    .no_adopt = cubuf__adaptor_no_adopt,
     .allocate = pass_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = stats_destroy,
@@ -168,6 +173,7 @@ cubuf_status_t cubuf_statistics_pop(cubuf_resource_t *res, cubuf_statistics_t *p
  * a pass-through whose resource has one. */
 static const cubuf_resource_vtbl_t limit_vtbl = {
     .name = "limiting adaptor",
+    .no_adopt = cubuf__adaptor_no_adopt,
     .allocate = pass_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = cubuf__adaptor_destroy,
@@ -221,6 +227,7 @@ static cubuf_status_t failure_allocate(cubuf_resource_t *res, cubuf_buffer_t *bu
 
 static const cubuf_resource_vtbl_t failure_vtbl = {
     .name = "failure-callback adaptor",
+    .no_adopt = cubuf__adaptor_no_adopt,
     .passes_stats = true,
     .allocate = failure_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,

@@ -10,6 +10,9 @@ typedef struct cubuf_adaptor {
     cubuf_resource_t *up; /* retained */
 } cubuf_adaptor_t;
 
+/* Why cubuf_buffer_wrap refuses every adaptor (vtbl no_adopt). */
+extern const char cubuf__adaptor_no_adopt[];
+
 /* A new adaptor resource over `up` (retained), with up's properties and
  * context, and `impl_size` zeroed bytes of state whose first member is a
  * cubuf_adaptor_t. `what` names the create function for messages. */

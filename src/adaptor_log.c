@@ -54,8 +54,6 @@ typedef struct log_adaptor {
     cubuf_log_line_fn callback;
     void *user;
     pthread_mutex_t out_lock; /* one writer at a time: batches go out in order */
-    uint64_t stamp0;          /* the reference point taken at creation */
-    int64_t ns0;
     log_shard_t shards[LOG_SHARDS];
     pthread_mutex_t q_lock; /* the queue of full batches, the spare arrays, stop */
     pthread_cond_t q_cond;
@@ -71,12 +69,9 @@ static int64_t mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-static inline uint64_t stamp_now(void) { return __rdtsc(); }
-#else
+/* CLOCK_MONOTONIC itself (the vDSO, about 20 ns): one clock for every
+ * thread, so stamps order events across threads and need no conversion. */
 static inline uint64_t stamp_now(void) { return (uint64_t)mono_ns(); }
-#endif
 
 static _Thread_local int32_t tls_tid;
 
@@ -122,8 +117,10 @@ static bool hand_over(log_adaptor_t *l, log_shard_t *s)
     return true;
 }
 
-static void record(log_adaptor_t *l, uint8_t op, const cubuf_stream_token_t *on, CUdeviceptr ptr,
-                   size_t size, cubuf_status_t st)
+/* `stamp`: an allocation's after it returned, a free's before it is asked
+ * for, so a pointer freed and handed out again is logged freed first. */
+static void record(log_adaptor_t *l, uint8_t op, uint64_t stamp, const cubuf_stream_token_t *on,
+                   CUdeviceptr ptr, size_t size, cubuf_status_t st)
 {
     const int32_t tid = thread_id();
     log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
@@ -135,7 +132,7 @@ static void record(log_adaptor_t *l, uint8_t op, const cubuf_stream_token_t *on,
             cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a flush failed; its events are lost");
     }
     log_event_t *e = &s->ev[s->n++];
-    e->stamp = stamp_now();
+    e->stamp = stamp;
     e->stream = on->stream;
     e->ptr = ptr;
     e->size = size;
@@ -150,15 +147,17 @@ static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, C
 {
     (void)stream;
     cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
-    record(res->impl, OP_ALLOCATE, &buf->dealloc, st == CUBUF_SUCCESS ? buf->ptr : 0, buf->size, st);
+    record(res->impl, OP_ALLOCATE, stamp_now(), &buf->dealloc, st == CUBUF_SUCCESS ? buf->ptr : 0,
+           buf->size, st);
     return st;
 }
 
 static cubuf_status_t log_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
+    const uint64_t stamp = stamp_now();
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
-    record(res->impl, OP_FREE, token, buf->ptr, buf->size, st);
+    record(res->impl, OP_FREE, stamp, token, buf->ptr, buf->size, st);
     return st;
 }
 
@@ -185,15 +184,12 @@ static cubuf_status_t emit(log_adaptor_t *l, const char *line)
 /* Sorts and writes n events; the output lock is held. */
 static cubuf_status_t write_events(log_adaptor_t *l, log_event_t *ev, size_t n)
 {
-    const uint64_t stamp1 = stamp_now();
-    const int64_t ns1 = mono_ns();
-    const double scale = stamp1 > l->stamp0 ? (double)(ns1 - l->ns0) / (double)(stamp1 - l->stamp0) : 1.0;
     qsort(ev, n, sizeof *ev, by_stamp);
     char line[256];
     cubuf_status_t st = CUBUF_SUCCESS;
     for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
         const log_event_t *e = &ev[i];
-        int64_t t = l->ns0 + (int64_t)((double)(e->stamp - l->stamp0) * scale);
+        long long t = (long long)e->stamp;
         snprintf(line, sizeof line, "%lld,%d,%p,%s,0x%llx,%zu,%s", (long long)t, (int)e->tid,
                  (void *)e->stream, e->op == OP_ALLOCATE ? "allocate" : "free",
                  (unsigned long long)e->ptr, e->size, cubuf_status_name((cubuf_status_t)e->status));
@@ -308,6 +304,7 @@ static const cubuf_resource_vtbl_t log_vtbl_unmade = {
 
 static const cubuf_resource_vtbl_t log_vtbl = {
     .name = "logging adaptor",
+    .no_adopt = cubuf__adaptor_no_adopt,
     .passes_stats = true,
     .allocate = log_allocate,
     .deallocate = log_deallocate,
@@ -342,8 +339,6 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
     pthread_mutex_init(&l->q_lock, NULL);
     pthread_cond_init(&l->q_cond, NULL);
     l->pending_tail = &l->pending;
-    l->ns0 = mono_ns();
-    l->stamp0 = stamp_now();
     for (int i = 0; i < LOG_SHARDS && st == CUBUF_SUCCESS; i++)
         if (!(l->shards[i].ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof(log_event_t))))
             st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the event buffers", what);

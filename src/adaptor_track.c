@@ -80,30 +80,33 @@ static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
     return st;
 }
 
+/* Entry c: the allocating thread's id, and this bit while a free of it runs
+ * (the entry stays in the map until the free succeeds, so a failed free
+ * needs no room to put it back). */
+#define TRACK_FREEING (UINT64_C(1) << 63)
+
 static cubuf_status_t track_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                        const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     track_adaptor_t *t = res->impl;
     track_shard_t *s = shard_of(t, buf->ptr);
-    cubuf_ptr_entry_t e;
     shard_lock(s);
-    bool found = cubuf__ptrmap_remove(&s->map, buf->ptr, &e);
-    if (found && e.size != buf->size) {
-        (void)cubuf__ptrmap_insert(&s->map, &e); /* room: it was just removed */
-        found = false;
-    }
+    cubuf_ptr_entry_t *e = cubuf__ptrmap_find(&s->map, buf->ptr);
+    bool ours = e && e->size == buf->size && !(e->c & TRACK_FREEING);
+    if (ours) e->c |= TRACK_FREEING;
     shard_unlock(s);
-    if (!found)
+    if (!ours)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "tracking adaptor: 0x%llx with %zu bytes is not an outstanding "
-                           "allocation of it; nothing was freed",
+                           "allocation of it (or another thread is freeing it); nothing was freed",
                            (unsigned long long)buf->ptr, buf->size);
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
+    cubuf_ptr_entry_t gone = {0, 0, NULL, NULL, 0};
     shard_lock(s);
-    if (st == CUBUF_SUCCESS) s->bytes -= e.size;
-    else (void)cubuf__ptrmap_insert(&s->map, &e); /* still outstanding */
+    if (st == CUBUF_SUCCESS && cubuf__ptrmap_remove(&s->map, buf->ptr, &gone)) s->bytes -= gone.size;
+    else if ((e = cubuf__ptrmap_find(&s->map, buf->ptr))) e->c &= ~TRACK_FREEING; /* still outstanding */
     shard_unlock(s);
-    if (st == CUBUF_SUCCESS) free(e.b);
+    free(gone.b);
     return st;
 }
 
@@ -135,7 +138,8 @@ static void track_destroy(cubuf_resource_t *res)
                 const cubuf_ptr_entry_t *e = &t->shards[i].map.slots[k];
                 if (!e->ptr) continue;
                 cubuf__warn(CUBUF_ERROR_BUSY, "  outstanding: 0x%llx, %zu bytes, stream %p, thread %llu",
-                            (unsigned long long)e->ptr, e->size, e->a, (unsigned long long)e->c);
+                            (unsigned long long)e->ptr, e->size, e->a,
+                            (unsigned long long)(e->c & ~TRACK_FREEING));
                 shown++;
             }
     }
@@ -154,7 +158,7 @@ static const cubuf_resource_vtbl_t track_vtbl = {
     .allocate = track_allocate,
     .deallocate = track_deallocate,
     .destroy = track_destroy,
-    .no_adopt = "a tracking adaptor frees only allocations it made and tracks",
+    .no_adopt = cubuf__adaptor_no_adopt,
 };
 
 cubuf_status_t cubuf_tracking_adaptor_create(cubuf_resource_t *upstream, bool backtraces,
@@ -199,7 +203,7 @@ cubuf_status_t cubuf_tracking_report(const cubuf_resource_t *res, FILE *out)
             const cubuf_ptr_entry_t *e = &s->map.slots[k];
             if (!e->ptr) continue;
             ok &= fprintf(out, "0x%llx %zu bytes, stream %p, thread %llu\n", (unsigned long long)e->ptr,
-                          e->size, e->a, (unsigned long long)e->c) > 0;
+                          e->size, e->a, (unsigned long long)(e->c & ~TRACK_FREEING)) > 0;
             const track_trace_t *tr = e->b;
             if (!tr) continue;
             char **names = backtrace_symbols(tr->frames, tr->n);

@@ -36,6 +36,14 @@ cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *
     return CUBUF_SUCCESS;
 }
 
+cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr)
+{
+    if (!m->cap || !ptr) return NULL;
+    size_t i = home_of(ptr, m->cap);
+    while (m->slots[i].ptr && m->slots[i].ptr != ptr) i = (i + 1) & (m->cap - 1);
+    return m->slots[i].ptr ? &m->slots[i] : NULL;
+}
+
 /* Backward-shift deletion: entries after the hole that may move into it
  * do, so lookups never need tombstones. */
 bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e)

@@ -22,6 +22,8 @@ typedef struct cubuf_ptrmap {
 /* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
  * map must grow and cannot; the map is unchanged then. */
 cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
+/* The entry of ptr, or NULL; valid until the map next changes. */
+cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr);
 /* Takes the entry of ptr out into *e; false (and *e untouched) when absent. */
 bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e);
 /* Frees the slots (not what entries point to). */

@@ -159,36 +159,23 @@ bind_stream(const cubuf_resource_t *res, CUstream stream, CUcontext current, cub
     return CUBUF_SUCCESS;
 }
 
-/* A capped resource (a limiting adaptor) counts a request when it admits
- * it, so concurrent requests cannot pass the cap together. Kept out of the
- * hot path of the others. */
+/* A capped resource (a limiting adaptor) holds a request's bytes from the
+ * moment it admits it (res->admitted), so concurrent requests cannot pass
+ * the cap together; the request is counted once it is made (the peaks then
+ * see only allocations that happened). The cap is of requested bytes. Kept
+ * out of the hot path of the others. */
 static __attribute__((noinline)) cubuf_status_t admit(cubuf_resource_t *res, size_t size)
 {
-    const cubuf_charge_t ch = {size, 1};
     cubuf__resource_lock(res);
-    size_t used = clamp0(res->tally.bytes);
+    size_t used = clamp0(res->tally.req_bytes) + res->admitted;
     bool fits = used <= res->cap && size <= res->cap - used;
-    if (fits) cubuf__count_locked(res, +1, size, &ch);
+    if (fits) res->admitted += size;
     cubuf__resource_unlock(res);
     if (fits) return CUBUF_SUCCESS;
     return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY,
                        "limiting adaptor: an allocation of %zu bytes would pass the cap of %zu "
                        "bytes (%zu bytes allocated through it now)",
                        size, res->cap, used);
-}
-
-/* Takes back what admit counted, totals included (the lock is held). */
-static void unadmit_locked(cubuf_resource_t *res, size_t size)
-{
-    cubuf_tally_t *t[2] = {&res->tally, res->scope ? &res->scope->tally : NULL};
-    for (int i = 0; i < 2 && t[i]; i++) {
-        t[i]->bytes -= (int64_t)size;
-        t[i]->count--;
-        t[i]->req_bytes -= (int64_t)size;
-        t[i]->total_count--;
-        t[i]->total_bytes -= size;
-        t[i]->total_req_bytes -= size;
-    }
 }
 
 /* The resource step of every allocation and its counting. rec->size > 0
@@ -215,16 +202,14 @@ allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bo
     if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
         if (capped) {
             cubuf__resource_lock(res);
-            unadmit_locked(res, asked);
+            res->admitted -= asked;
             cubuf__resource_unlock(res);
         }
         return st;
     }
-    if (capped && !hold && rec->size == asked && charge->bytes == asked && charge->count == 1)
-        return CUBUF_SUCCESS; /* counted at admission */
     cubuf__resource_lock(res);
-    if (capped) unadmit_locked(res, asked);
-    cubuf__count_locked(res, +1, rec->size, charge);
+    if (capped) res->admitted -= asked;
+    cubuf__count_locked(res, +1, capped ? asked : rec->size, charge);
     res->refs += hold;
     cubuf__resource_unlock(res);
     return CUBUF_SUCCESS;
@@ -302,9 +287,10 @@ cubuf_status_t cubuf__resource_free_buffer(cubuf_resource_t *res, cubuf_buffer_t
 
 void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf)
 {
-    const cubuf_charge_t ch = {buf->size, buf->size ? 1 : 0};
+    /* As the close will count it back: an allocation wherever there is a pointer. */
+    const cubuf_charge_t ch = {buf->size, 1};
     cubuf__resource_lock(res);
-    if (buf->size) cubuf__count_locked(res, +1, buf->size, &ch);
+    if (buf->ptr) cubuf__count_locked(res, +1, buf->size, &ch);
     res->refs++;
     cubuf__resource_unlock(res);
 }
@@ -374,36 +360,40 @@ static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr
     cubuf__resource_lock(res);
     struct cubuf_raw_map *m = res->raw;
     cubuf__resource_unlock(res);
-    cubuf_ptr_entry_t e = {0, 0, NULL, NULL, 0};
-    bool found = false;
+    /* The entry stays in the map, marked (c = 1), while its free runs: a
+     * failed free then needs no room to put it back, and a second free of
+     * the same pointer meanwhile is refused. */
+    cubuf_ptr_entry_t *e = NULL;
+    cubuf_buffer_t *buf = NULL;
+    bool wrong_size = false;
     if (m) {
         pthread_mutex_lock(&m->lock);
-        found = cubuf__ptrmap_remove(&m->map, ptr, &e);
-        if (found && e.size != size) {
-            (void)cubuf__ptrmap_insert(&m->map, &e); /* room: it was just removed */
-            found = false;
+        e = cubuf__ptrmap_find(&m->map, ptr);
+        wrong_size = e && e->size != size;
+        if (e && !wrong_size && !e->c) {
+            e->c = 1;
+            buf = e->a;
         }
         pthread_mutex_unlock(&m->lock);
     }
-    if (!found)
+    if (!buf)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "cubuf_resource_deallocate_raw: 0x%llx (%zu bytes) is not a raw "
                            "allocation of this %s resource%s",
                            (unsigned long long)ptr, size, res->vt->name,
-                           e.a ? " of that size" : "");
-    cubuf_buffer_t *buf = e.a;
+                           wrong_size ? " of that size" : e ? " (another thread is freeing it)" : "");
     cubuf_stream_token_t saved = buf->dealloc;
     cubuf__buffer_set_token(buf, token);
-    cubuf_status_t st = free_counted(res, buf, &buf->dealloc, true, charge);
-    if (st != CUBUF_SUCCESS) {
-        cubuf__buffer_set_token(buf, &saved);
-        pthread_mutex_lock(&m->lock);
-        cubuf_status_t ist = cubuf__ptrmap_insert(&m->map, &e);
-        pthread_mutex_unlock(&m->lock);
-        if (ist != CUBUF_SUCCESS)
-            cubuf__warn(ist, "a raw allocation whose free failed could not be kept; it is lost");
-        return st;
-    }
+    /* The buffer's hold on the resource goes last: the map lives in it. */
+    cubuf_status_t st = free_counted(res, buf, &buf->dealloc, false, charge);
+    if (st != CUBUF_SUCCESS) cubuf__buffer_set_token(buf, &saved);
+    cubuf_ptr_entry_t gone;
+    pthread_mutex_lock(&m->lock);
+    if (st == CUBUF_SUCCESS) (void)cubuf__ptrmap_remove(&m->map, ptr, &gone);
+    else if ((e = cubuf__ptrmap_find(&m->map, ptr))) e->c = 0; /* still allocated */
+    pthread_mutex_unlock(&m->lock);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf__resource_unref(res);
     buf->resource = NULL;
     buf->closed = true;
     buf->ptr = 0;

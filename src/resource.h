@@ -97,7 +97,8 @@ struct cubuf_resource {
     size_t refs; /* holders: callers and open buffers */
     cubuf_tally_t tally;
     cubuf_scope_t *scope; /* innermost pushed scope or NULL (statistics adaptors) */
-    size_t cap;           /* bytes the resource may have allocated; SIZE_MAX: no cap (limiting adaptors) */
+    size_t cap;           /* requested bytes the resource may hold; SIZE_MAX: no cap (limiting adaptors) */
+    size_t admitted;      /* capped: bytes of requests admitted and not yet made or failed */
     struct cubuf_raw_map *raw;
     cubuf_resource_t *stats_from; /* vt->passes_stats: the upstream whose figures are read */
     bool fabric_fallback; /* asked for fabric handles, made with POSIX fds (pools; VMM keeps its own) */

@@ -18,6 +18,7 @@
 typedef struct host_up {
     atomic_long allocs, frees, live, live_bytes, max_live_bytes;
     atomic_long fail_next;  /* > 0: that many allocations fail with OUT_OF_MEMORY */
+    atomic_long fail_free;  /* > 0: that many frees fail with CUBUF_ERROR_DRIVER (nothing freed) */
     size_t budget;          /* 0: none; else allocations past budget live bytes fail */
 } host_up_t;
 
@@ -47,6 +48,10 @@ static cubuf_status_t up_free(void *state, CUdeviceptr p, size_t size, CUstream 
 {
     (void)s;
     host_up_t *h = state;
+    if (atomic_load(&h->fail_free) > 0) {
+        atomic_fetch_sub(&h->fail_free, 1);
+        return CUBUF_ERROR_DRIVER;
+    }
     free((void *)(uintptr_t)p);
     atomic_fetch_add(&h->frees, 1);
     atomic_fetch_sub(&h->live, 1);
@@ -699,6 +704,138 @@ static void test_stack_threads(void)
     cubuf_resource_release(up);
 }
 
+/* ---- what a second reader found (fifth session) ---- */
+
+/* A refused admission or an upstream failure leaves no trace, peaks included. */
+static void test_limit_failure_no_trace(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL;
+    T_OK(cubuf_limit_adaptor_create(up, 1000, &lim));
+    h.fail_next = 1;
+    CUdeviceptr p = 0;
+    T_STATUS(cubuf_resource_allocate_raw(lim, 800, NULL, &p), CUBUF_ERROR_OUT_OF_MEMORY);
+    cubuf_buffer_t *b = NULL;
+    h.fail_next = 1;
+    T_STATUS(cubuf_resource_allocate(lim, 900, NULL, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_STAT(lim, 0, 0, 0, 0, 0);
+    cubuf_statistics_t s = stats_of(lim);
+    T_CHECK(s.peak_count == 0 && s.peak_requested == 0);
+    /* The cap is whole again. */
+    T_OK(cubuf_resource_allocate_raw(lim, 1000, NULL, &p));
+    T_OK(cubuf_resource_deallocate_raw(lim, p, 1000, NULL));
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
+/* No adaptor takes over memory it did not allocate; a wrap of size 0 with a
+ * pointer counts as it closes. */
+static void test_wrap_rules(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *st = NULL, *lim = NULL;
+    T_OK(cubuf_statistics_adaptor_create(up, &st));
+    T_OK(cubuf_limit_adaptor_create(up, 1 << 20, &lim));
+    unsigned char mem[64];
+    cubuf_buffer_t *b = (cubuf_buffer_t *)&b;
+    T_STATUS(cubuf_buffer_wrap((CUdeviceptr)(uintptr_t)mem, sizeof mem, st, NULL, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(cubuf_last_error(), "adaptor") != NULL);
+    T_STATUS(cubuf_buffer_wrap((CUdeviceptr)(uintptr_t)mem, sizeof mem, lim, NULL, &b), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(b == (cubuf_buffer_t *)&b);
+    T_STAT(up, 0, 0, 0, 0, 0);
+    void *m = malloc(16);
+    T_OK(cubuf_buffer_wrap((CUdeviceptr)(uintptr_t)m, 0, up, NULL, &b)); /* the upstream adopts */
+    cubuf_buffer_release(b);
+    cubuf_statistics_t s = stats_of(up);
+    T_CHECK(s.current_count == 0 && s.current_bytes == 0 && h.frees == 1);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(st);
+    cubuf_resource_release(up);
+}
+
+/* A free the upstream refuses leaves the allocation tracked, and freeable. */
+static void test_tracker_failed_free(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *tr = NULL;
+    T_OK(cubuf_tracking_adaptor_create(up, false, &tr));
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(tr, 100, NULL, &p));
+    h.fail_free = 1;
+    T_STATUS(cubuf_resource_deallocate_raw(tr, p, 100, NULL), CUBUF_ERROR_DRIVER);
+    size_t n = 0, bytes = 0;
+    T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
+    T_CHECK(n == 1 && bytes == 100 && h.live == 1);
+    T_OK(cubuf_resource_deallocate_raw(tr, p, 100, NULL));
+    T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
+    T_CHECK(n == 0 && bytes == 0 && h.live == 0);
+    cubuf_resource_release(tr);
+    cubuf_resource_release(up);
+}
+
+/* A pointer freed and handed out again is logged freed first: the free's
+ * stamp is taken before the upstream frees (here the upstream hands the
+ * block out again from inside its free, as another thread could the moment
+ * the free returns). */
+typedef struct reuse_up {
+    unsigned char block[256];
+    bool taken;
+    cubuf_resource_t *log; /* set: the free allocates again through it */
+    CUdeviceptr again;
+} reuse_up_t;
+
+static cubuf_status_t reuse_alloc(void *state, size_t size, CUstream s, CUdeviceptr *p)
+{
+    (void)s;
+    reuse_up_t *r = state;
+    if (r->taken || size > sizeof r->block) return CUBUF_ERROR_OUT_OF_MEMORY;
+    r->taken = true;
+    *p = (CUdeviceptr)(uintptr_t)r->block;
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t reuse_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    (void)p, (void)s;
+    reuse_up_t *r = state;
+    r->taken = false;
+    cubuf_resource_t *log = r->log;
+    r->log = NULL;
+    if (log) return cubuf_resource_allocate_raw(log, size, NULL, &r->again);
+    return CUBUF_SUCCESS;
+}
+
+static void test_log_reuse_order(void)
+{
+    reuse_up_t r = {{0}, false, NULL, 0};
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, reuse_alloc, reuse_free, NULL};
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true;
+    cubuf_resource_t *up = NULL, *lg = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, &props, &r, &up));
+    lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = collect;
+    o.user = &got;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(lg, 64, NULL, &p));
+    r.log = lg;
+    T_OK(cubuf_resource_deallocate_raw(lg, p, 64, NULL));
+    T_CHECK(r.again == p);
+    T_OK(cubuf_resource_deallocate_raw(lg, r.again, 64, NULL));
+    T_OK(cubuf_log_adaptor_flush(lg));
+    T_CHECK(got.n == 5);
+    static const char *const want[4] = {"allocate", "free", "allocate", "free"};
+    for (size_t i = 1; i < got.n && got.n == 5; i++) {
+        log_line_t e;
+        T_CHECK(parse(got.v[i], &e) && strcmp(e.op, want[i - 1]) == 0 && e.ptr == p);
+    }
+    cubuf_resource_release(lg);
+    lines_free(&got);
+    cubuf_resource_release(up);
+}
+
 int main(void)
 {
     test_raw();
@@ -711,5 +848,9 @@ int main(void)
     test_failure_callback();
     test_faults();
     test_stack_threads();
+    test_limit_failure_no_trace();
+    test_wrap_rules();
+    test_tracker_failed_free();
+    test_log_reuse_order();
     return t_finish("test_adaptor");
 }

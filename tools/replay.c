@@ -52,101 +52,162 @@ static int index_of(long *keys, int *n, int max, long key)
     return (*n)++;
 }
 
-typedef struct live_ptr {
+/* One successful line of the log, as read. */
+typedef struct line_ev {
+    long long time;
+    long order; /* position in the file: ties keep it */
+    void *stream;
     unsigned long long ptr;
-    long id;
     size_t size;
-} live_ptr_t;
+    int tid;
+    bool alloc;
+} line_ev_t;
 
-/* Reads the log into a plan: events in time order, allocations numbered. */
+static int by_time(const void *a, const void *b)
+{
+    const line_ev_t *x = a, *y = b;
+    if (x->time != y->time) return x->time < y->time ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* Live pointers -> the event that allocated them: open addressing, linear
+ * probing, deletion by backward shift; cap a power of two above 2x the
+ * allocations, so it never fills. */
+typedef struct live_map {
+    unsigned long long *ptr; /* 0: empty */
+    long *ev;                /* index into plan->ev */
+    size_t mask;
+} live_map_t;
+
+static size_t live_home(const live_map_t *m, unsigned long long p)
+{
+    return (size_t)((p * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+}
+
+static void live_put(live_map_t *m, unsigned long long p, long ev)
+{
+    size_t i = live_home(m, p);
+    while (m->ptr[i] && m->ptr[i] != p) i = (i + 1) & m->mask;
+    m->ptr[i] = p; /* a pointer allocated twice without a free: the later one counts */
+    m->ev[i] = ev;
+}
+
+static long live_take(live_map_t *m, unsigned long long p)
+{
+    size_t i = live_home(m, p);
+    while (m->ptr[i] && m->ptr[i] != p) i = (i + 1) & m->mask;
+    if (!m->ptr[i]) return -1;
+    long ev = m->ev[i];
+    for (size_t j = i;;) {
+        m->ptr[i] = 0;
+        for (;;) {
+            j = (j + 1) & m->mask;
+            if (!m->ptr[j]) return ev;
+            size_t h = live_home(m, m->ptr[j]);
+            if (i <= j ? (h <= i || h > j) : (h <= i && h > j)) break;
+        }
+        m->ptr[i] = m->ptr[j];
+        m->ev[i] = m->ev[j];
+        i = j;
+    }
+}
+
+static int fail_plan(FILE *f, line_ev_t *lines, live_map_t *m, plan_t *p, const char *why)
+{
+    fprintf(stderr, "cubuf replay: %s\n", why);
+    if (f) fclose(f);
+    free(lines);
+    free(m->ptr);
+    free(m->ev);
+    free(p->ev);
+    p->ev = NULL;
+    return 2;
+}
+
+/* Reads the log into a plan: its successful events sorted by time (a log's
+ * batches may come out of order, cubuf/adaptor.h), allocations numbered,
+ * each free naming its allocation. */
 static int read_plan(const char *path, plan_t *p)
 {
+    memset(p, 0, sizeof *p);
+    live_map_t m = {NULL, NULL, 0};
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "cubuf replay: cannot open %s\n", path);
         return 2;
     }
-    memset(p, 0, sizeof *p);
-    long cap = 0, lcap = 0, nlive = 0;
-    live_ptr_t *live = NULL;
-    long tids[256];
+    line_ev_t *lines = NULL;
+    long n = 0, cap = 0, lineno = 0, nalloc = 0;
     char line[512];
-    long lineno = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
         if (line[0] == '#' || line[0] == '\n') continue;
-        long long t;
-        int tid;
-        void *stream;
+        line_ev_t e = {0, lineno, NULL, 0, 0, 0, false};
         char op[16], status[48];
-        unsigned long long ptr;
-        size_t size;
-        if (sscanf(line, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &t, &tid, &stream, op, &ptr, &size,
-                   status) != 7 ||
+        if (sscanf(line, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.time, &e.tid, &e.stream, op, &e.ptr,
+                   &e.size, status) != 7 ||
             (strcmp(op, "allocate") && strcmp(op, "free"))) {
             fprintf(stderr, "cubuf replay: %s:%ld: not a log line: %s", path, lineno, line);
-            fclose(f);
-            free(live);
-            return 2;
+            return fail_plan(f, lines, &m, p, "the log cannot be read");
         }
-        if (strcmp(status, "CUBUF_SUCCESS") != 0 || size == 0) {
+        if (strcmp(status, "CUBUF_SUCCESS") != 0 || e.size == 0 || !e.ptr) {
             p->skipped++;
             continue;
         }
-        bool alloc = op[0] == 'a';
-        long id = -1;
-        if (alloc) {
-            id = p->nalloc++;
-            if (nlive == lcap) {
-                lcap = lcap ? 2 * lcap : 1024;
-                live = realloc(live, (size_t)lcap * sizeof *live);
-            }
-            live[nlive++] = (live_ptr_t){ptr, id, size};
-        } else {
-            for (long i = nlive - 1; i >= 0; i--)
-                if (live[i].ptr == ptr) {
-                    id = live[i].id;
-                    live[i] = live[--nlive];
-                    break;
-                }
-            if (id < 0) { /* allocated before the log began */
-                p->skipped++;
-                continue;
-            }
-        }
-        int th = index_of(tids, &p->nthreads, 256, tid);
-        int sx = -1;
-        for (int i = 0; i < p->nstreams; i++)
-            if (p->streams_logged[i] == stream) sx = i;
-        if (sx < 0 && p->nstreams < 64) {
-            sx = p->nstreams;
-            p->streams_logged[p->nstreams++] = stream;
-        }
-        if (th < 0 || sx < 0) {
-            fprintf(stderr, "cubuf replay: more than 256 threads or 64 streams in the log\n");
-            fclose(f);
-            free(live);
-            return 2;
-        }
-        if (p->nev == cap) {
+        e.alloc = op[0] == 'a';
+        nalloc += e.alloc;
+        if (n == cap) {
             cap = cap ? 2 * cap : 4096;
-            p->ev = realloc(p->ev, (size_t)cap * sizeof *p->ev);
+            line_ev_t *more = realloc(lines, (size_t)cap * sizeof *lines);
+            if (!more) return fail_plan(f, lines, &m, p, "out of memory reading the log");
+            lines = more;
         }
-        p->ev[p->nev++] = (event_t){th, sx, alloc, size, id};
+        lines[n++] = e;
     }
     fclose(f);
-    /* What the log never frees is freed at the end, by the allocating thread. */
-    for (long i = 0; i < nlive; i++) {
-        const event_t *a = NULL;
-        for (long k = 0; k < p->nev && !a; k++)
-            if (p->ev[k].alloc && p->ev[k].id == live[i].id) a = &p->ev[k];
-        if (p->nev == cap) {
-            cap = cap ? 2 * cap : 4096;
-            p->ev = realloc(p->ev, (size_t)cap * sizeof *p->ev);
+    f = NULL;
+    qsort(lines, (size_t)n, sizeof *lines, by_time);
+    size_t mcap = 64;
+    while (mcap < 2 * (size_t)nalloc + 2) mcap *= 2;
+    m.ptr = calloc(mcap, sizeof *m.ptr);
+    m.ev = calloc(mcap, sizeof *m.ev);
+    p->ev = malloc(((size_t)n + (size_t)nalloc + 1) * sizeof *p->ev); /* frees of the never freed too */
+    if (!m.ptr || !m.ev || !p->ev) return fail_plan(f, lines, &m, p, "out of memory planning the replay");
+    m.mask = mcap - 1;
+    long tids[256];
+    for (long k = 0; k < n; k++) {
+        const line_ev_t *e = &lines[k];
+        long id = -1, at = -1;
+        if (e->alloc) {
+            id = p->nalloc++;
+        } else if ((at = live_take(&m, e->ptr)) >= 0) {
+            id = p->ev[at].id;
+        } else { /* allocated before the log began */
+            p->skipped++;
+            continue;
         }
-        p->ev[p->nev++] = (event_t){a->thread, a->stream, false, a->size, live[i].id};
+        int th = index_of(tids, &p->nthreads, 256, e->tid);
+        int sx = -1;
+        for (int i = 0; i < p->nstreams; i++)
+            if (p->streams_logged[i] == e->stream) sx = i;
+        if (sx < 0 && p->nstreams < 64) {
+            sx = p->nstreams;
+            p->streams_logged[p->nstreams++] = e->stream;
+        }
+        if (th < 0 || sx < 0) return fail_plan(f, lines, &m, p, "more than 256 threads or 64 streams in the log");
+        p->ev[p->nev] = (event_t){th, sx, e->alloc, e->size, id};
+        if (e->alloc) live_put(&m, e->ptr, p->nev);
+        p->nev++;
     }
-    free(live);
+    /* What the log never frees is freed at the end, by the allocating thread. */
+    for (size_t i = 0; i < mcap; i++) {
+        if (!m.ptr[i]) continue;
+        const event_t *a = &p->ev[m.ev[i]];
+        p->ev[p->nev++] = (event_t){a->thread, a->stream, false, a->size, a->id};
+    }
+    free(lines);
+    free(m.ptr);
+    free(m.ev);
     return 0;
 }
 

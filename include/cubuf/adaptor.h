@@ -14,13 +14,14 @@
  *    (buffers hold their resource, so the upstream outlives them all);
  *  - has the upstream's properties (cubuf_resource_props) and context: a
  *    default stream means what it means for the upstream;
- *  - counts what goes through it in its own statistics (cubuf_resource_stats,
- *    cubuf_statistics_get), apart from the upstream's, which count every
- *    user of the upstream;
+ *  - statistics and limiting adaptors count what goes through them in their
+ *    own statistics (cubuf_resource_stats, cubuf_statistics_get), apart from
+ *    the upstream's, which count every user of the upstream; logging,
+ *    tracking and failure-callback adaptors keep none of their own: reading
+ *    (or resetting the peaks of) theirs reads (resets) their upstream's;
  *  - is thread-safe: any thread may allocate and free through it.
- * Memory an adaptor did not allocate cannot be handed to it with
- * cubuf_buffer_wrap where its upstream refuses that (virtual memory, IPC
- * imports); the tracking adaptor refuses it too.
+ * Memory an adaptor did not allocate cannot be handed to it:
+ * cubuf_buffer_wrap refuses every adaptor (CUBUF_ERROR_INVALID_ARGUMENT).
  * Every create returns CUBUF_ERROR_INVALID_ARGUMENT (NULL upstream or out,
  * bad options) and CUBUF_ERROR_OUT_OF_MEMORY (host memory), plus what its
  * entry lists; release the adaptor with cubuf_resource_release.
@@ -40,7 +41,9 @@ extern "C" {
  * What went through a resource, read by cubuf_statistics_get. Initialize
  * with CUBUF_STATISTICS_INIT. "Allocated" bytes are what the resource took
  * from below (a virtual memory resource rounds to its granularity and counts
- * physical allocations); "requested" bytes are what its callers asked for.
+ * physical allocations); "requested" bytes are what its callers asked for
+ * (for a virtual memory resource itself: its buffers' rounded sizes, the
+ * sizes they keep; an adaptor over it counts what was asked of the adaptor).
  * Within a scope (cubuf_statistics_push) the figures count from the push:
  * frees of older allocations make current figures negative.
  */
@@ -109,11 +112,11 @@ CUBUF_API cubuf_status_t cubuf_statistics_pop(cubuf_resource_t *res, cubuf_stati
  * it at any moment. A request that would pass the cap fails with
  * CUBUF_ERROR_OUT_OF_MEMORY before the upstream is asked, with a detail
  * naming the request, the cap and the bytes allocated through it now.
- * Requests are counted from the moment they are admitted, so concurrent
- * requests never pass the cap together. The cap applies to the bytes
- * requested: over an upstream that rounds them up (virtual memory, to its
- * granularity) the statistics show the upstream's larger figure once an
- * allocation is made. Adds no driver call.
+ * A request's bytes are held against the cap from the moment it is
+ * admitted, so concurrent requests never pass the cap together; they are
+ * counted in the statistics once the allocation is made. The cap applies
+ * to the bytes requested (over an upstream that rounds them up, virtual
+ * memory, the allocated figure is larger). Adds no driver call.
  */
 CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, size_t cap,
                                                     cubuf_resource_t **out);
@@ -146,17 +149,23 @@ typedef struct cubuf_log_options {
  * given, "allocate" or "free", the pointer in hex, the size in bytes, the
  * status name; a failed allocation logs pointer 0x0), after one header line
  * starting with '#'. Exactly one of options->path and options->callback is
- * set. Events are kept in memory per thread and written in time order at a
- * flush: cubuf_log_adaptor_flush, when the kept events fill their buffers,
- * and when the adaptor's last reference goes. `cubuf replay LOG` replays a
- * log (README). Returns CUBUF_ERROR_SYSTEM (the file cannot be opened).
+ * set. An allocation is stamped when it returns, a free before it is asked
+ * for, so a pointer freed and handed out again appears freed first. Events
+ * are kept in memory in shards (by thread) and written sorted by time, a
+ * shard's batch by the adaptor's writer thread when it fills, the rest at a
+ * flush (cubuf_log_adaptor_flush, the last release): lines of different
+ * batches may therefore come out of time order; sort by the first field to
+ * read a whole log in order (`cubuf replay LOG` does, README).
+ * Returns CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer
+ * thread cannot start).
  */
 CUBUF_API cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream,
                                                   const cubuf_log_options_t *options,
                                                   cubuf_resource_t **out);
 
 /**
- * Writes the events kept so far, in time order, and flushes the file.
+ * Writes the events kept so far (the queued batches, then the rest, each
+ * sorted by time) and flushes the file.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not a logging adaptor),
  * CUBUF_ERROR_SYSTEM (a write failed; the events are dropped).
  */
