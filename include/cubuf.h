@@ -324,8 +324,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_view(CUdeviceptr ptr, size_t size, cubuf_b
  * deallocation stream `stream` (see cubuf_buffer_set_deallocation_stream for
  * how default streams are recorded). The buffer retains the resource.
  * Resources whose deallocation needs state only their own allocations
- * carry cannot adopt memory: virtual-memory resources and the resources of
- * imported (IPC) buffers are refused.
+ * carry cannot adopt memory: virtual-memory resources, the resources of
+ * imported (IPC) buffers and the adaptors of cubuf/adaptor.h (which free
+ * through their upstream's raw-pointer interface) are refused.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL arguments, pointer 0 with a
  * size, a resource that cannot adopt memory (the message says why), or a
  * default stream that cannot be bound (a user resource with no current
