@@ -36,13 +36,6 @@ void cubuf__adaptor_destroy(cubuf_resource_t *res)
 
 /* ---- statistics ---------------------------------------------------------------- */
 
-static cubuf_status_t pass_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
-                                    bool in_ctx, cubuf_charge_t *charge)
-{
-    (void)stream; /* buf->dealloc holds it, bound */
-    return cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
-}
-
 static void stats_destroy(cubuf_resource_t *res)
 {
     while (res->scope) { /* scopes left open */
@@ -56,7 +49,7 @@ static void stats_destroy(cubuf_resource_t *res)
 static const cubuf_resource_vtbl_t stats_vtbl = {
     .name = "statistics adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
-    .allocate = pass_allocate,
+    .allocate = cubuf__adaptor_up_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = stats_destroy,
 };
@@ -174,7 +167,7 @@ cubuf_status_t cubuf_statistics_pop(cubuf_resource_t *res, cubuf_statistics_t *p
 static const cubuf_resource_vtbl_t limit_vtbl = {
     .name = "limiting adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
-    .allocate = pass_allocate,
+    .allocate = cubuf__adaptor_up_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = cubuf__adaptor_destroy,
 };
@@ -210,7 +203,7 @@ static __attribute__((noinline)) cubuf_status_t retry_allocate(cubuf_resource_t 
             return st;
         }
         *charge = (cubuf_charge_t){buf->size, 1};
-        st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+        st = cubuf__adaptor_up_allocate(res, buf, buf->dealloc.stream, in_ctx, charge);
     }
     return st;
 }
@@ -218,8 +211,7 @@ static __attribute__((noinline)) cubuf_status_t retry_allocate(cubuf_resource_t 
 static cubuf_status_t failure_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                        bool in_ctx, cubuf_charge_t *charge)
 {
-    (void)stream;
-    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, stream, in_ctx, charge);
     if (__builtin_expect(st == CUBUF_ERROR_OUT_OF_MEMORY, 0))
         st = retry_allocate(res, buf, in_ctx, charge);
     return st;

@@ -21,11 +21,14 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
 /* The vtbl destroy of an adaptor with no state to free besides its own. */
 void cubuf__adaptor_destroy(cubuf_resource_t *res);
 
-/* One allocation and one free through the upstream, as the vtbl's allocate
- * and deallocate are called. */
+/* One allocation and one free through the upstream, with the vtbl's
+ * signatures (the stream is buf->dealloc's, bound already): the entries of
+ * an adaptor that only passes them on, and the steps of the others. */
 static inline cubuf_status_t cubuf__adaptor_up_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
-                                                        bool in_ctx, cubuf_charge_t *charge)
+                                                        CUstream stream, bool in_ctx,
+                                                        cubuf_charge_t *charge)
 {
+    (void)stream;
     const cubuf_adaptor_t *a = res->impl;
     return cubuf__record_allocate(a->up, buf, in_ctx, charge);
 }

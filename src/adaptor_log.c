@@ -145,8 +145,7 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t stamp, const cubuf_str
 static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                    bool in_ctx, cubuf_charge_t *charge)
 {
-    (void)stream;
-    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, stream, in_ctx, charge);
     record(res->impl, OP_ALLOCATE, stamp_now(), &buf->dealloc, st == CUBUF_SUCCESS ? buf->ptr : 0,
            buf->size, st);
     return st;

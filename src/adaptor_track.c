@@ -50,7 +50,6 @@ static _Thread_local long tls_tid;
 static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                      bool in_ctx, cubuf_charge_t *charge)
 {
-    (void)stream;
     track_adaptor_t *t = res->impl;
     track_trace_t *trace = NULL;
     if (t->backtraces) {
@@ -58,7 +57,7 @@ static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
             return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "tracking adaptor: no memory for a backtrace");
         trace->n = backtrace(trace->frames, TRACK_FRAMES);
     }
-    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, in_ctx, charge);
+    cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, stream, in_ctx, charge);
     if (st != CUBUF_SUCCESS) {
         free(trace);
         return st;

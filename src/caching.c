@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "stream_token.h"
 #include "cubuf/caching.h"
 
 #define CACHING_MAGIC 0x63756275662d6361ULL
@@ -239,11 +240,15 @@ static cubuf_status_t up_free(caching_t *c, CUdeviceptr p, size_t bytes, CUstrea
     return CUBUF_SUCCESS;
 }
 
+/* Whether a miss on `stream` must leave other streams' blocks and the
+ * upstream's memory alone: a capture on it or, for the legacy stream, one
+ * that depends on it (cubuf__stream_capture_status); a failed query counts
+ * as capturing. */
 static bool capturing(const caching_t *c, CUstream stream)
 {
     if (!c->device) return false;
     CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CU_CALL(cuStreamIsCapturing, stream, &cst) == CUDA_SUCCESS &&
+    return cubuf__stream_capture_status(stream, NULL, &cst) != CUBUF_SUCCESS ||
            cst != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 

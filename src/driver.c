@@ -132,8 +132,7 @@ static void load(void)
     cubuf__drv.version = version;
     CUresult r = cubuf__drv.cuInit(0);
     if (r != CUDA_SUCCESS) {
-        const char *name = NULL;
-        cubuf__drv.cuGetErrorName(r, &name);
+        const char *name = cubuf__cu_name(r);
         snprintf(load_detail, sizeof load_detail, "cuInit failed: %s", name ? name : "?");
         load_status = r == CUDA_ERROR_NO_DEVICE ? CUBUF_ERROR_NO_DEVICE : CUBUF_ERROR_NO_DRIVER;
         return;
@@ -162,12 +161,17 @@ cubuf_status_t cubuf__cu_map(CUresult r)
     }
 }
 
+const char *cubuf__cu_name(CUresult r)
+{
+    const char *name = NULL;
+    if (!cubuf__drv.cuGetErrorName || cubuf__drv.cuGetErrorName(r, &name) != CUDA_SUCCESS) return NULL;
+    return name;
+}
+
 cubuf_status_t cubuf__cu_status(CUresult r, const char *call)
 {
     if (r == CUDA_SUCCESS) return CUBUF_SUCCESS;
-    const char *name = NULL;
-    if (!cubuf__drv.cuGetErrorName || cubuf__drv.cuGetErrorName(r, &name) != CUDA_SUCCESS)
-        name = NULL;
+    const char *name = cubuf__cu_name(r);
     cubuf__set_last_cu(r);
     if (name) return cubuf__fail(cubuf__cu_map(r), "%s failed: %s", call, name);
     return cubuf__fail(cubuf__cu_map(r), "%s failed: CUresult %d", call, (int)r);

@@ -153,6 +153,9 @@ bool cubuf__fault_hit(cubuf_drv_id_t id, CUresult *result);
     })
 
 cubuf_status_t cubuf__cu_status(CUresult r, const char *call);
+/* The name of a CUresult ("CUDA_ERROR_OUT_OF_MEMORY"), NULL where the
+ * driver (or a driver not loaded) cannot say. */
+const char *cubuf__cu_name(CUresult r);
 /* Maps a CUresult to a status without recording anything. */
 cubuf_status_t cubuf__cu_map(CUresult r);
 

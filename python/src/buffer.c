@@ -1,7 +1,7 @@
 /* cubuf.Buffer and cubuf.VirtualMemoryBuffer (cuda.core's Buffer page). */
 #include "cubufpy.h"
 
-#include "driver.h" /* cuStreamIsCapturing: which exception a refused copy gets */
+#include "internal.h" /* the capture query: which exception a refused copy gets */
 
 void cbp_owner_release(void *owner)
 {
@@ -132,7 +132,7 @@ static PyObject *copy_failed(cubuf_status_t st, CUstream s, bool with_options, c
     if (st == CUBUF_ERROR_INVALID_ARGUMENT && with_options) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
         if (cbp_is_legacy(s) ||
-            (cubuf__driver_load() == CUBUF_SUCCESS && cubuf__drv.cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
+            (cubuf__driver_load() == CUBUF_SUCCESS && cubuf__stream_capture_status(s, NULL, &cs) == CUBUF_SUCCESS &&
              cs != CU_STREAM_CAPTURE_STATUS_NONE))
             exc = PyExc_TypeError;
     }

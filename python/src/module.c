@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "driver.h" /* cuGetErrorName for CUDAError.result, cuStreamIsCapturing */
+#include "internal.h" /* CUresult names for CUDAError.result; the context guard */
 
 PyObject *cbp_CUDAError, *cbp_CUDAWarning;
 
@@ -54,9 +54,7 @@ static PyObject *exception_for(cubuf_status_t st)
 PyObject *cbp_fail_as(PyObject *exc, cubuf_status_t st, const char *what)
 {
     CUresult r = cubuf_last_cuda_result();
-    const char *rname = NULL;
-    if (r != CUDA_SUCCESS && cubuf__drv.cuGetErrorName && cubuf__drv.cuGetErrorName(r, &rname) != CUDA_SUCCESS)
-        rname = NULL;
+    const char *rname = r != CUDA_SUCCESS ? cubuf__cu_name(r) : NULL;
     /* A driver failure is a CUDAError whatever the status it maps to (an
      * out-of-memory of the device, a capture error), unless the caller
      * asked for a specific exception. */
@@ -319,17 +317,17 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     /* A default stream is the current context's: make the device's primary
      * context current for the two calls (and restore the caller's). */
-    CUcontext h = NULL, popped;
+    CUcontext h = NULL;
     cubuf_context_handle(ctx, &h);
-    CUresult r = cubuf__drv.cuCtxPushCurrent(h);
-    if (r != CUDA_SUCCESS) return (PyErr_Format(cbp_CUDAError, "cuCtxPushCurrent failed: CUresult %d", (int)r), -1);
+    cubuf_ctx_guard_t g;
+    if ((st = cubuf__ctx_push(h, &g)) != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     /* Nothing to wait for when the producer's work has all completed (one
      * query, cheaper than a record and a wait). */
     bool idle = false;
     st = cubuf_stream_query(producer, &idle);
     if (st == CUBUF_SUCCESS && !idle) st = cubuf_event_record(handoff_events[device], producer);
     if (st == CUBUF_SUCCESS && !idle) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
-    cubuf__drv.cuCtxPopCurrent(&popped);
+    cubuf__ctx_pop(&g);
     if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     return 0;
 }
