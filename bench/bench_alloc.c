@@ -191,6 +191,25 @@ static void piece_get_current(void *p)
     B_CU(cuCtxGetCurrent, &c);
 }
 
+/* What each adaptor layer's exact bookkeeping is made of: an uncontended
+ * spin lock and unlock (one atomic read-modify-write), and a clock read
+ * (the logging adaptor stamps every event). */
+static atomic_bool piece_lock_word;
+static void piece_lock(void *p)
+{
+    (void)p;
+    while (atomic_exchange_explicit(&piece_lock_word, true, memory_order_acquire)) {
+    }
+    atomic_store_explicit(&piece_lock_word, false, memory_order_release);
+}
+
+static void piece_clock(void *p)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    *(volatile long *)p = t.tv_nsec;
+}
+
 static void bench_pieces(bench_env_t *env)
 {
     bench_section("the pieces of an allocate + free, absolute (informational)");
@@ -208,6 +227,10 @@ static void bench_pieces(bench_env_t *env)
     printf("  cuStreamIsCapturing (a user stream): %.1f ns\n",
            piece_ns(piece_capture_query, env->stream, n));
     printf("  cuCtxGetCurrent: %.1f ns\n", piece_ns(piece_get_current, NULL, n));
+    long sink = 0;
+    printf("  an uncontended spin lock + unlock (one atomic read-modify-write): %.1f ns\n",
+           piece_ns(piece_lock, NULL, n));
+    printf("  clock_gettime(CLOCK_MONOTONIC): %.1f ns\n", piece_ns(piece_clock, &sink, n));
     cubuf_resource_release(user);
 }
 

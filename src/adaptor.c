@@ -19,6 +19,8 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
     cubuf_adaptor_t *a = res->impl;
     a->up = cubuf_resource_retain(up);
     res->props = up->props;
+    res->upstream = up;
+    res->lock = up->lock; /* one lock for the stack: resource.c */
     if (vt->passes_stats) res->stats_from = up;
     *out = res;
     return CUBUF_SUCCESS;

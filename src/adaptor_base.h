@@ -23,21 +23,29 @@ void cubuf__adaptor_destroy(cubuf_resource_t *res);
 
 /* One allocation and one free through the upstream, with the vtbl's
  * signatures (the stream is buf->dealloc's, bound already): the entries of
- * an adaptor that only passes them on, and the steps of the others. */
+ * an adaptor that only passes them on, and the steps of the others.
+ * Uncounted (cubuf__layer_allocate): an adaptor that fails after its
+ * upstream allocated gives the memory back with cubuf__adaptor_up_undo. */
 static inline cubuf_status_t cubuf__adaptor_up_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                         CUstream stream, bool in_ctx,
                                                         cubuf_charge_t *charge)
 {
     (void)stream;
     const cubuf_adaptor_t *a = res->impl;
-    return cubuf__record_allocate(a->up, buf, in_ctx, charge);
+    return cubuf__layer_allocate(a->up, buf, in_ctx, charge);
 }
 static inline cubuf_status_t cubuf__adaptor_up_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                           const cubuf_stream_token_t *token,
                                                           cubuf_charge_t *charge)
 {
     const cubuf_adaptor_t *a = res->impl;
-    return cubuf__record_free(a->up, buf, token, charge);
+    return cubuf__layer_free(a->up, buf, token, charge);
+}
+
+static inline void cubuf__adaptor_up_undo(cubuf_resource_t *res, cubuf_buffer_t *buf)
+{
+    const cubuf_adaptor_t *a = res->impl;
+    cubuf__layer_undo(a->up, buf);
 }
 
 #endif

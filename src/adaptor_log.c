@@ -1,13 +1,14 @@
 /* The logging adaptor: one line per allocate and free (cubuf/adaptor.h).
  *
- * The hot path writes a small binary event into one of a few shards, picked
- * by thread, each under its own spin lock, and stamps it with the cycle
- * counter where there is one (a few ns, where a clock_gettime costs about
- * 20). A full shard hands its batch to the adaptor's writer thread, which
- * sorts it, formats it and writes it; a flush writes what is queued, then
- * what the shards hold. Stamps become CLOCK_MONOTONIC nanoseconds by the
- * reference points taken at creation and at each write. Lock order: a
- * shard, then the queue; the output lock, then the queue. */
+ * The hot path stamps a small binary event with CLOCK_MONOTONIC and writes
+ * it into one of a few shards, picked by thread, each under its own spin
+ * lock. A full shard hands its batch to the adaptor's writer thread, which
+ * formats it (by hand: snprintf would make the writer slower than the
+ * threads it serves) and writes it. At most LOG_MAX_PENDING batches wait:
+ * past that the thread that filled a shard writes everything itself, so a
+ * program that allocates faster than its log can be written slows down
+ * instead of growing without bound. A flush writes what is queued, then what
+ * the shards hold. Lock order: the output lock, a shard, the queue. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -22,6 +23,7 @@
 
 #define LOG_SHARDS 16
 #define LOG_SHARD_EVENTS 4096
+#define LOG_MAX_PENDING 16
 
 enum { OP_ALLOCATE, OP_FREE };
 
@@ -58,6 +60,7 @@ typedef struct log_adaptor {
     pthread_mutex_t q_lock; /* the queue of full batches, the spare arrays, stop */
     pthread_cond_t q_cond;
     log_batch_t *pending, **pending_tail, *spares;
+    unsigned npending; /* batches in pending */
     bool stop, writer_started;
     pthread_t writer;
 } log_adaptor_t;
@@ -89,15 +92,17 @@ static void shard_unlock(log_shard_t *s) { atomic_store_explicit(&s->lock, false
 
 static cubuf_status_t flush(log_adaptor_t *l);
 
-/* Hands a full shard's batch to the writer and gives the shard a fresh
- * array; false when no array can be had (the caller flushes instead). The
- * shard's lock is held. */
-static bool hand_over(log_adaptor_t *l, log_shard_t *s)
+/* Hands a shard's batch to the writer and gives the shard a fresh array;
+ * false when no array can be had, or (`bounded`) LOG_MAX_PENDING batches
+ * wait already: the caller writes instead. The shard's lock is held. */
+static bool hand_over(log_adaptor_t *l, log_shard_t *s, bool bounded)
 {
     log_batch_t *b = NULL;
     pthread_mutex_lock(&l->q_lock);
-    if ((b = l->spares)) l->spares = b->next;
+    const bool full = bounded && l->npending >= LOG_MAX_PENDING;
+    if (!full && (b = l->spares)) l->spares = b->next;
     pthread_mutex_unlock(&l->q_lock);
+    if (full) return false;
     if (!b && (b = cubuf__malloc(sizeof *b)) && !(b->ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof *b->ev))) {
         free(b);
         b = NULL;
@@ -112,6 +117,7 @@ static bool hand_over(log_adaptor_t *l, log_shard_t *s)
     pthread_mutex_lock(&l->q_lock);
     *l->pending_tail = b;
     l->pending_tail = &b->next;
+    l->npending++;
     pthread_cond_signal(&l->q_cond);
     pthread_mutex_unlock(&l->q_lock);
     return true;
@@ -126,7 +132,7 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t stamp, const cubuf_str
     log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
     for (;;) {
         shard_lock(s);
-        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1) || hand_over(l, s)) break;
+        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1) || hand_over(l, s, true)) break;
         shard_unlock(s);
         if (flush(l) != CUBUF_SUCCESS)
             cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a flush failed; its events are lost");
@@ -168,34 +174,101 @@ static int by_stamp(const void *a, const void *b)
     return x->stamp < y->stamp ? -1 : x->stamp > y->stamp ? 1 : 0;
 }
 
+/* The line's fields, formatted as printf's %llu, %d, %p, %s and 0x%llx would. */
+static char *put_u64(char *p, uint64_t v)
+{
+    char t[20];
+    int n = 0;
+    do t[n++] = (char)('0' + v % 10);
+    while ((v /= 10));
+    while (n) *p++ = t[--n];
+    return p;
+}
+static char *put_i32(char *p, int32_t v)
+{
+    if (v < 0) *p++ = '-';
+    return put_u64(p, v < 0 ? -(uint64_t)(int64_t)v : (uint64_t)v);
+}
+static char *put_hex(char *p, uint64_t v)
+{
+    char t[16];
+    int n = 0;
+    *p++ = '0';
+    *p++ = 'x';
+    do t[n++] = "0123456789abcdef"[v & 15];
+    while ((v >>= 4));
+    while (n) *p++ = t[--n];
+    return p;
+}
+static char *put_str(char *p, const char *str)
+{
+    const size_t n = strlen(str);
+    memcpy(p, str, n);
+    return p + n;
+}
+
+/* One event's line, without its newline, into p (at most LOG_LINE_MAX
+ * bytes); returns its end. */
+#define LOG_LINE_MAX 160
+static char *format_event(char *p, const log_event_t *e)
+{
+    p = put_u64(p, e->stamp);
+    *p++ = ',';
+    p = put_i32(p, e->tid);
+    *p++ = ',';
+    p = e->stream ? put_hex(p, (uint64_t)(uintptr_t)e->stream) : put_str(p, "(nil)");
+    p = put_str(p, e->op == OP_ALLOCATE ? ",allocate," : ",free,");
+    p = put_hex(p, e->ptr);
+    *p++ = ',';
+    p = put_u64(p, e->size);
+    *p++ = ',';
+    return put_str(p, cubuf_status_name((cubuf_status_t)e->status));
+}
+
+static cubuf_status_t write_failed(void)
+{
+    return cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
+}
+
 static cubuf_status_t emit(log_adaptor_t *l, const char *line)
 {
     if (l->callback) {
         l->callback(l->user, line);
         return CUBUF_SUCCESS;
     }
-    if (fputs(line, l->file) < 0 || fputc('\n', l->file) < 0)
-        return cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s",
-                           strerror(errno));
+    if (fputs(line, l->file) < 0 || fputc('\n', l->file) < 0) return write_failed();
     return CUBUF_SUCCESS;
 }
 
-/* Sorts and writes n events; the output lock is held. */
+/* Writes n events in time order (a shard's are already, but for threads
+ * sharing it); the output lock is held. A file gets them in large writes. */
 static cubuf_status_t write_events(log_adaptor_t *l, log_event_t *ev, size_t n)
 {
-    qsort(ev, n, sizeof *ev, by_stamp);
-    char line[256];
+    for (size_t i = 1; i < n; i++)
+        if (ev[i].stamp < ev[i - 1].stamp) {
+            qsort(ev, n, sizeof *ev, by_stamp);
+            break;
+        }
+    char out[16 * 1024];
+    size_t used = 0;
     cubuf_status_t st = CUBUF_SUCCESS;
     for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
-        const log_event_t *e = &ev[i];
-        long long t = (long long)e->stamp;
-        snprintf(line, sizeof line, "%lld,%d,%p,%s,0x%llx,%zu,%s", (long long)t, (int)e->tid,
-                 (void *)e->stream, e->op == OP_ALLOCATE ? "allocate" : "free",
-                 (unsigned long long)e->ptr, e->size, cubuf_status_name((cubuf_status_t)e->status));
-        st = emit(l, line);
+        if (l->callback) {
+            char line[LOG_LINE_MAX];
+            *format_event(line, &ev[i]) = '\0';
+            l->callback(l->user, line);
+            continue;
+        }
+        char *end = format_event(out + used, &ev[i]);
+        *end++ = '\n';
+        used = (size_t)(end - out);
+        if (used > sizeof out - LOG_LINE_MAX) {
+            if (fwrite(out, 1, used, l->file) != used) st = write_failed();
+            used = 0;
+        }
     }
-    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS)
-        st = cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
+    if (l->file && st == CUBUF_SUCCESS && used && fwrite(out, 1, used, l->file) != used) st = write_failed();
+    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS) st = write_failed();
     return st;
 }
 
@@ -207,6 +280,7 @@ static cubuf_status_t write_pending(log_adaptor_t *l)
     log_batch_t *b = l->pending;
     l->pending = NULL;
     l->pending_tail = &l->pending;
+    l->npending = 0;
     pthread_mutex_unlock(&l->q_lock);
     cubuf_status_t st = CUBUF_SUCCESS;
     while (b) {
@@ -239,26 +313,24 @@ static void *writer_main(void *arg)
     }
 }
 
-/* Everything so far: the queued batches, then what the shards hold. */
+/* Everything so far: the queued batches, then what the shards hold (each
+ * handed over as a batch, or written in place when no array can be had). */
 static cubuf_status_t flush(log_adaptor_t *l)
 {
     pthread_mutex_lock(&l->out_lock);
     cubuf_status_t st = write_pending(l);
-    /* Room for full shards: they may fill while others are copied. */
-    log_event_t *all = cubuf__malloc((size_t)LOG_SHARDS * LOG_SHARD_EVENTS * sizeof *all);
-    size_t n = 0;
     for (int i = 0; i < LOG_SHARDS; i++) {
         log_shard_t *s = &l->shards[i];
         shard_lock(s);
-        if (all) memcpy(all + n, s->ev, s->n * sizeof *all);
-        if (all) n += s->n;
-        else if (s->n) st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "logging adaptor: no memory to flush");
-        s->n = 0;
+        if (s->n && !hand_over(l, s, false)) {
+            cubuf_status_t wst = write_events(l, s->ev, s->n);
+            if (st == CUBUF_SUCCESS) st = wst;
+            s->n = 0;
+        }
         shard_unlock(s);
     }
-    cubuf_status_t wst = write_events(l, all, n);
+    cubuf_status_t wst = write_pending(l);
     if (st == CUBUF_SUCCESS) st = wst;
-    free(all);
     pthread_mutex_unlock(&l->out_lock);
     return st;
 }

@@ -70,42 +70,47 @@ static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
     if (st == CUBUF_SUCCESS) s->bytes += buf->size;
     shard_unlock(s);
     if (st != CUBUF_SUCCESS) { /* untracked memory must not leave: give it back */
-        cubuf_charge_t back;
-        if (cubuf__adaptor_up_deallocate(res, buf, &buf->dealloc, &back) != CUBUF_SUCCESS)
-            cubuf__warn(st, "tracking adaptor: an allocation it could not track could not be freed");
-        buf->ptr = 0;
+        cubuf__adaptor_up_undo(res, buf);
         free(trace);
     }
     return st;
 }
 
-/* Entry c: the allocating thread's id, and this bit while a free of it runs
- * (the entry stays in the map until the free succeeds, so a failed free
- * needs no room to put it back). */
-#define TRACK_FREEING (UINT64_C(1) << 63)
-
+/* A free takes the entry out first, so the success path locks its shard
+ * once, and a second free of the pointer meanwhile is refused; a failed free
+ * puts it back. */
 static cubuf_status_t track_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                        const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     track_adaptor_t *t = res->impl;
     track_shard_t *s = shard_of(t, buf->ptr);
+    cubuf_ptr_entry_t e = {0, 0, NULL, NULL, 0};
     shard_lock(s);
-    cubuf_ptr_entry_t *e = cubuf__ptrmap_find(&s->map, buf->ptr);
-    bool ours = e && e->size == buf->size && !(e->c & TRACK_FREEING);
-    if (ours) e->c |= TRACK_FREEING;
+    bool found = cubuf__ptrmap_remove(&s->map, buf->ptr, &e);
+    bool ours = found && e.size == buf->size;
+    if (found && !ours) (void)cubuf__ptrmap_put_back(&s->map, &e); /* just taken out: room */
+    if (ours) s->bytes -= e.size;
     shard_unlock(s);
     if (!ours)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
                            "tracking adaptor: 0x%llx with %zu bytes is not an outstanding "
-                           "allocation of it (or another thread is freeing it); nothing was freed",
-                           (unsigned long long)buf->ptr, buf->size);
+                           "allocation of it%s; nothing was freed",
+                           (unsigned long long)buf->ptr, buf->size,
+                           found ? " of that size" : " (or another thread is freeing it)");
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
-    cubuf_ptr_entry_t gone = {0, 0, NULL, NULL, 0};
-    shard_lock(s);
-    if (st == CUBUF_SUCCESS && cubuf__ptrmap_remove(&s->map, buf->ptr, &gone)) s->bytes -= gone.size;
-    else if ((e = cubuf__ptrmap_find(&s->map, buf->ptr))) e->c &= ~TRACK_FREEING; /* still outstanding */
+    if (st == CUBUF_SUCCESS) {
+        free(e.b);
+        return st;
+    }
+    shard_lock(s); /* still outstanding */
+    bool back = cubuf__ptrmap_put_back(&s->map, &e);
+    if (back) s->bytes += e.size;
     shard_unlock(s);
-    free(gone.b);
+    if (!back) {
+        cubuf__warn(CUBUF_ERROR_OUT_OF_MEMORY, "tracking adaptor: no memory to keep tracking 0x%llx "
+                    "(%zu bytes), whose free failed", (unsigned long long)e.ptr, e.size);
+        free(e.b);
+    }
     return st;
 }
 
@@ -138,7 +143,7 @@ static void track_destroy(cubuf_resource_t *res)
                 if (!e->ptr) continue;
                 cubuf__warn(CUBUF_ERROR_BUSY, "  outstanding: 0x%llx, %zu bytes, stream %p, thread %llu",
                             (unsigned long long)e->ptr, e->size, e->a,
-                            (unsigned long long)(e->c & ~TRACK_FREEING));
+                            (unsigned long long)e->c);
                 shown++;
             }
     }
@@ -202,7 +207,7 @@ cubuf_status_t cubuf_tracking_report(const cubuf_resource_t *res, FILE *out)
             const cubuf_ptr_entry_t *e = &s->map.slots[k];
             if (!e->ptr) continue;
             ok &= fprintf(out, "0x%llx %zu bytes, stream %p, thread %llu\n", (unsigned long long)e->ptr,
-                          e->size, e->a, (unsigned long long)(e->c & ~TRACK_FREEING)) > 0;
+                          e->size, e->a, (unsigned long long)e->c) > 0;
             const track_trace_t *tr = e->b;
             if (!tr) continue;
             char **names = backtrace_symbols(tr->frames, tr->n);

@@ -16,12 +16,17 @@ typedef struct cubuf_ptr_entry {
 
 typedef struct cubuf_ptrmap {
     cubuf_ptr_entry_t *slots;
-    size_t cap, used; /* cap 0 or a power of two; used <= cap / 2 */
+    size_t cap, used; /* cap 0 or a power of two; used <= cap / 2 but for put-backs */
 } cubuf_ptrmap_t;
 
 /* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
  * map must grow and cannot; the map is unchanged then. */
 cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
+/* Adds back an entry taken out with remove, whatever was added since: no
+ * new memory is needed while the map keeps a free slot (inserts keep it at
+ * most half full, so only as many put-backs as threads at once can fill it
+ * further). false (the map unchanged) only when it is full and cannot grow. */
+bool cubuf__ptrmap_put_back(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
 /* The entry of ptr, or NULL; valid until the map next changes. */
 cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr);
 /* Takes the entry of ptr out into *e; false (and *e untouched) when absent. */

@@ -15,9 +15,13 @@
  * any thread. They share one spin lock rather than being separate atomics:
  * an allocate + free then pays two atomic read-modify-writes (one per lock)
  * where separate counters cost seven (reference, bytes, count, total, peaks,
- * and back), and readers get a consistent snapshot. A critical section is a
- * few additions; a waiter spins briefly, then yields, in case the holder was
- * preempted. */
+ * and back), and readers get a consistent snapshot. An adaptor shares the
+ * lock of its upstream, so an allocation through a stack of them counts
+ * every layer in one critical section, and a layer costs no atomic of its
+ * own (one atomic read-modify-write is about 9 ns on the H200's host; the
+ * stack's threads meet at its bottom resource anyway). A critical section is
+ * a few additions; a waiter spins briefly, then yields, in case the holder
+ * was preempted. */
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
 #elif defined(__aarch64__)
@@ -26,15 +30,15 @@
 #define cpu_relax() ((void)0)
 #endif
 
-void cubuf__resource_lock_wait(cubuf_resource_t *res)
+void cubuf__resource_lock_wait(atomic_bool *lock)
 {
     unsigned spins = 0;
     do {
-        while (atomic_load_explicit(&res->lock, memory_order_relaxed)) {
+        while (atomic_load_explicit(lock, memory_order_relaxed)) {
             if (++spins < 256) cpu_relax();
             else sched_yield();
         }
-    } while (atomic_exchange_explicit(&res->lock, true, memory_order_acquire));
+    } while (atomic_exchange_explicit(lock, true, memory_order_acquire));
 }
 
 /* The resource and its state in one block; the state keeps max_align_t's alignment. */
@@ -50,7 +54,8 @@ cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_contex
     if (!block) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
     cubuf_resource_t *res = &block->res;
     if (impl_size) res->impl = block->impl;
-    atomic_init(&res->lock, false);
+    atomic_init(&res->own_lock, false);
+    res->lock = &res->own_lock;
     res->refs = 1;
     res->vt = vt;
     res->ctx = ctx;
@@ -178,12 +183,40 @@ static __attribute__((noinline)) cubuf_status_t admit(cubuf_resource_t *res, siz
                        size, res->cap, used);
 }
 
-/* The resource step of every allocation and its counting. rec->size > 0
- * and rec->dealloc are set. `hold`: rec is a buffer, which holds the
- * resource (a reference, taken in the same critical section). */
+/* Lets go of bytes admit() held for a request that failed (or was undone). */
+static __attribute__((noinline)) void unadmit(cubuf_resource_t *res, size_t size)
+{
+    cubuf__resource_lock(res);
+    res->admitted -= size;
+    cubuf__resource_unlock(res);
+}
+
+/* The counting of one allocation (sign +1, of `asked` bytes, rec->size now
+ * `size`) or its free (-1) through `res`: res and, below an adaptor, each
+ * upstream down to the first that is not an adaptor or counts itself (a
+ * raw_keeps_buffer one, whose raw path is a buffer of its own). They share
+ * res's lock, which is held. A capped layer's admitted bytes become counted
+ * ones. */
+static inline __attribute__((always_inline)) void count_layers_locked(cubuf_resource_t *res, int sign,
+                                                                      size_t asked, size_t size,
+                                                                      const cubuf_charge_t *charge)
+{
+    for (cubuf_resource_t *r = res;;) {
+        if (!r->vt->passes_stats) {
+            const bool capped = r->cap != SIZE_MAX;
+            if (capped && sign > 0) r->admitted -= asked;
+            cubuf__count_locked(r, sign, capped && sign > 0 ? asked : size, charge);
+        }
+        r = r->upstream;
+        if (!r || r->vt->raw_keeps_buffer) return;
+    }
+}
+
+/* One layer's step of an allocation, uncounted: a cap's admission, then the
+ * resource's allocate. rec->size > 0 and rec->dealloc are set. */
 static inline __attribute__((always_inline)) cubuf_status_t
-allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bool in_ctx, bool hold,
-                 cubuf_charge_t *charge)
+allocate_step(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bool in_ctx,
+              cubuf_charge_t *charge)
 {
     const size_t asked = rec->size;
     const bool capped = res->cap != SIZE_MAX;
@@ -191,31 +224,29 @@ allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bo
     if (__builtin_expect(capped, 0) && (st = admit(res, asked)) != CUBUF_SUCCESS) return st;
     *charge = (cubuf_charge_t){asked, 1};
     st = res->vt->allocate(res, rec, stream, in_ctx, charge);
-    if (res->vt->passes_stats) { /* counted by the upstream: only a buffer's hold */
-        if (st == CUBUF_SUCCESS && hold) {
-            cubuf__resource_lock(res);
-            res->refs++;
-            cubuf__resource_unlock(res);
-        }
-        return st;
-    }
-    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
-        if (capped) {
-            cubuf__resource_lock(res);
-            res->admitted -= asked;
-            cubuf__resource_unlock(res);
-        }
-        return st;
-    }
+    if (__builtin_expect(st != CUBUF_SUCCESS && capped, 0)) unadmit(res, asked);
+    return st;
+}
+
+/* An allocation at the top of a stack: the steps down it, then the counting
+ * of every layer (and, `hold`: rec is a buffer, a reference on res) in one
+ * critical section. */
+static inline __attribute__((always_inline)) cubuf_status_t
+allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bool in_ctx, bool hold,
+                 cubuf_charge_t *charge)
+{
+    const size_t asked = rec->size;
+    cubuf_status_t st = allocate_step(res, rec, stream, in_ctx, charge);
+    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) return st;
     cubuf__resource_lock(res);
-    if (capped) res->admitted -= asked;
-    cubuf__count_locked(res, +1, capped ? asked : rec->size, charge);
+    count_layers_locked(res, +1, asked, rec->size, charge);
     res->refs += hold;
     cubuf__resource_unlock(res);
     return CUBUF_SUCCESS;
 }
 
-/* The resource step of every free and its counting; nothing changes on failure. */
+/* A free at the top of a stack, counted the same way; nothing changes on
+ * failure. `unhold`: drops rec's (a buffer's) reference on res. */
 static inline __attribute__((always_inline)) cubuf_status_t
 free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, const cubuf_stream_token_t *token, bool unhold,
              cubuf_charge_t *charge)
@@ -224,10 +255,8 @@ free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, const cubuf_stream_toke
     *charge = (cubuf_charge_t){size, 1};
     cubuf_status_t st = res->vt->deallocate(res, rec, token, charge);
     if (st != CUBUF_SUCCESS) return st;
-    const bool counted = !res->vt->passes_stats;
-    if (!counted && !unhold) return CUBUF_SUCCESS;
     cubuf__resource_lock(res);
-    if (counted) cubuf__count_locked(res, -1, size, charge);
+    count_layers_locked(res, -1, size, size, charge);
     bool last = unhold && --res->refs == 0;
     cubuf__resource_unlock(res);
     if (last) cubuf__resource_destroy(res);
@@ -403,24 +432,63 @@ static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr
     return CUBUF_SUCCESS;
 }
 
-cubuf_status_t cubuf__record_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+/* A raw_keeps_buffer resource's raw allocation, into rec: a buffer of its
+ * own, counted by its own path wherever it sits in a stack. */
+static cubuf_status_t kept_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+                                    cubuf_charge_t *charge)
+{
+    CUdeviceptr p = 0;
+    cubuf_status_t st = raw_keep_allocate(res, rec->size, &rec->dealloc, in_ctx, &p, charge);
+    if (st == CUBUF_SUCCESS) rec->ptr = p;
+    return st;
+}
+
+/* The raw pair at the top of a stack: counted. */
+static cubuf_status_t record_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
                                       cubuf_charge_t *charge)
 {
-    if (__builtin_expect(res->vt->raw_keeps_buffer, 0)) {
-        CUdeviceptr p = 0;
-        cubuf_status_t st = raw_keep_allocate(res, rec->size, &rec->dealloc, in_ctx, &p, charge);
-        if (st == CUBUF_SUCCESS) rec->ptr = p;
-        return st;
-    }
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0)) return kept_allocate(res, rec, in_ctx, charge);
     return allocate_counted(res, rec, rec->dealloc.stream, in_ctx, false, charge);
 }
 
-cubuf_status_t cubuf__record_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
+static cubuf_status_t record_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
                                   const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
         return raw_keep_deallocate(res, rec->ptr, rec->size, token, charge);
     return free_counted(res, rec, token, false, charge);
+}
+
+/* The same one layer down (an adaptor's upstream): uncounted, as the top counts. */
+cubuf_status_t cubuf__layer_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+                                     cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0)) return kept_allocate(res, rec, in_ctx, charge);
+    return allocate_step(res, rec, rec->dealloc.stream, in_ctx, charge);
+}
+
+cubuf_status_t cubuf__layer_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
+                                 const cubuf_stream_token_t *token, cubuf_charge_t *charge)
+{
+    if (__builtin_expect(res->vt->raw_keeps_buffer, 0))
+        return raw_keep_deallocate(res, rec->ptr, rec->size, token, charge);
+    *charge = (cubuf_charge_t){rec->size, 1};
+    return res->vt->deallocate(res, rec, token, charge);
+}
+
+void cubuf__layer_undo(cubuf_resource_t *res, cubuf_buffer_t *rec)
+{
+    const size_t asked = rec->size;
+    cubuf_charge_t ch;
+    cubuf_status_t st = cubuf__layer_free(res, rec, &rec->dealloc, &ch);
+    if (st != CUBUF_SUCCESS)
+        cubuf__warn(st, "an allocation an adaptor could not hand on could not be freed (%zu bytes "
+                    "lost): %s", asked, cubuf_last_error());
+    cubuf__resource_lock(res);
+    for (cubuf_resource_t *r = res; r && !r->vt->raw_keeps_buffer; r = r->upstream)
+        if (r->cap != SIZE_MAX) r->admitted -= asked;
+    cubuf__resource_unlock(res);
+    rec->ptr = 0;
 }
 
 /* A raw record: what the resources' allocate and deallocate read of a buffer. */
@@ -439,7 +507,7 @@ cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cub
 {
     cubuf_buffer_t rec;
     raw_record(&rec, res, 0, size, on);
-    cubuf_status_t st = cubuf__record_allocate(res, &rec, in_ctx, charge);
+    cubuf_status_t st = record_allocate(res, &rec, in_ctx, charge);
     if (__builtin_expect(st == CUBUF_SUCCESS, 1)) *ptr = rec.ptr;
     return st;
 }
@@ -449,7 +517,7 @@ cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, siz
 {
     cubuf_buffer_t rec;
     raw_record(&rec, res, ptr, size, token);
-    return cubuf__record_free(res, &rec, token, charge);
+    return record_free(res, &rec, token, charge);
 }
 
 cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size, CUstream stream,

@@ -92,8 +92,13 @@ struct cubuf_resource {
     const cubuf_resource_vtbl_t *vt;
     cubuf_resource_props_t props;
     cubuf_context_t *ctx; /* device context (retained), NULL for user resources */
-    /* References, statistics and the cap, under one spin lock (resource.c says why). */
-    atomic_bool lock;
+    /* References, statistics and the cap, under one spin lock (resource.c
+     * says why): *lock, which is own_lock for a resource over nothing and
+     * its upstream's for an adaptor, so one critical section counts a whole
+     * stack of them. */
+    atomic_bool *lock;
+    atomic_bool own_lock;
+    cubuf_resource_t *upstream; /* adaptors: the resource below (retained by the adaptor) */
     size_t refs; /* holders: callers and open buffers */
     cubuf_tally_t tally;
     cubuf_scope_t *scope; /* innermost pushed scope or NULL (statistics adaptors) */
@@ -111,17 +116,18 @@ struct cubuf_resource {
  * (res->impl points there; 0: impl NULL, for the resource to set). */
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx,
                                    size_t impl_size, cubuf_resource_t **out);
-/* The resource lock (resource.c says why one lock). Inline: it sits on the
- * allocation hot path. The slow path spins, then yields. */
-void cubuf__resource_lock_wait(cubuf_resource_t *res);
+/* The resource lock (resource.c says why one lock), shared by an adaptor
+ * and everything below it. Inline: it sits on the allocation hot path. The
+ * slow path spins, then yields. Never held while taking another. */
+void cubuf__resource_lock_wait(atomic_bool *lock);
 static inline void cubuf__resource_lock(cubuf_resource_t *res)
 {
-    if (atomic_exchange_explicit(&res->lock, true, memory_order_acquire))
-        cubuf__resource_lock_wait(res);
+    if (atomic_exchange_explicit(res->lock, true, memory_order_acquire))
+        cubuf__resource_lock_wait(res->lock);
 }
 static inline void cubuf__resource_unlock(cubuf_resource_t *res)
 {
-    atomic_store_explicit(&res->lock, false, memory_order_release);
+    atomic_store_explicit(res->lock, false, memory_order_release);
 }
 
 /* The counting: the only code that changes a tally. `sign` +1 for an
@@ -187,20 +193,28 @@ static inline cubuf_resource_t *cubuf__stats_owner(const cubuf_resource_t *res)
     return (cubuf_resource_t *)res;
 }
 
-/* One layer down, for resources over an upstream (adaptors): the
- * allocation of rec->size bytes on rec->dealloc (bound already) by `res`,
- * into rec->ptr, rec being the caller's own record (a buffer object or a
- * raw record), which the upstream only reads size and stream from and
- * writes the pointer to; and its free. `in_ctx` as for vtbl allocate;
- * *charge receives what the upstream moved. */
-cubuf_status_t cubuf__record_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
-                                      cubuf_charge_t *charge);
-cubuf_status_t cubuf__record_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
-                                  const cubuf_stream_token_t *token, cubuf_charge_t *charge);
+/* One layer down, for adaptors: the allocation of rec->size bytes on
+ * rec->dealloc (bound already) by `res`, the adaptor's upstream, into
+ * rec->ptr, rec being the caller's own record (a buffer object or a raw
+ * record), which the upstream only reads size and stream from and writes
+ * the pointer to; and its free. Uncounted: the call at the top of the stack
+ * counts every layer it passed once the allocation is made (or freed), in
+ * one critical section of their shared lock (a raw_keeps_buffer upstream
+ * counts itself). A cap below holds the bytes from the layer's step until
+ * then. `in_ctx` as for vtbl allocate; *charge receives what the upstream
+ * moved. */
+cubuf_status_t cubuf__layer_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,
+                                     cubuf_charge_t *charge);
+cubuf_status_t cubuf__layer_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
+                                 const cubuf_stream_token_t *token, cubuf_charge_t *charge);
+/* Gives back what cubuf__layer_allocate made for an adaptor that fails
+ * after it (nothing then counts it): freed on rec->dealloc, and the caps
+ * below let go of the bytes they held for it. */
+void cubuf__layer_undo(cubuf_resource_t *res, cubuf_buffer_t *rec);
 
-/* The raw path: as the record functions, from a pointer and size. `on` is
- * the stream already bound (cubuf__stream_record, or the token the caller's
- * allocation was given). */
+/* The raw path from a pointer and size, counted (cubuf_resource_allocate_raw
+ * and deallocate_raw). `on` is the stream already bound (cubuf__stream_record,
+ * or the token the caller's allocation was given). */
 cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
                                    bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge);
 cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,

@@ -773,6 +773,34 @@ static void test_tracker_failed_free(void)
     cubuf_resource_release(up);
 }
 
+/* An allocation the tracker cannot record (its map cannot grow) is given
+ * back through the cap below it, which lets go of the bytes it held: the
+ * failed allocation is counted nowhere and the whole cap stays available. */
+static void test_tracker_undo_under_cap(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL, *tr = NULL;
+    T_OK(cubuf_limit_adaptor_create(up, 1000, &lim));
+    T_OK(cubuf_tracking_adaptor_create(lim, false, &tr));
+    CUdeviceptr p = 0;
+    cubuf_fault_fail_alloc_nth(1); /* the tracker's first map */
+    T_STATUS(cubuf_resource_allocate_raw(tr, 600, NULL, &p), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(cubuf_fault_fired());
+    cubuf_fault_reset();
+    T_CHECK(h.allocs == 1 && h.live == 0);
+    T_STAT(lim, 0, 0, 0, 0, 0);
+    T_STAT(up, 0, 0, 0, 0, 0);
+    T_OK(cubuf_resource_allocate_raw(tr, 1000, NULL, &p)); /* the whole cap */
+    T_STAT(lim, 1000, 1000, 1, 1, 1000);
+    T_STATUS(cubuf_resource_allocate_raw(tr, 1, NULL, &(CUdeviceptr){0}), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_OK(cubuf_resource_deallocate_raw(tr, p, 1000, NULL));
+    T_STAT(lim, 0, 1000, 0, 1, 1000);
+    T_CHECK(h.live == 0);
+    cubuf_resource_release(tr);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
 /* A pointer freed and handed out again is logged freed first: the free's
  * stamp is taken before the upstream frees (here the upstream hands the
  * block out again from inside its free, as another thread could the moment
@@ -851,6 +879,7 @@ int main(void)
     test_limit_failure_no_trace();
     test_wrap_rules();
     test_tracker_failed_free();
+    test_tracker_undo_under_cap();
     test_log_reuse_order();
     return t_finish("test_adaptor");
 }
