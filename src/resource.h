@@ -64,8 +64,7 @@ typedef struct cubuf_resource_vtbl {
     CUmemoryPool (*pool)(const cubuf_resource_t *res);
     /* An adaptor that keeps no statistics of its own (logging, tracking,
      * the failure callback): its allocations are counted by its upstream,
-     * whose figures reading its statistics gives (res->stats_from), and its
-     * path takes no lock for them. */
+     * whose figures reading its statistics gives (res->stats_from). */
     bool passes_stats;
 } cubuf_resource_vtbl_t;
 

@@ -19,7 +19,12 @@
  *    the upstream's, which count every user of the upstream; logging,
  *    tracking and failure-callback adaptors keep none of their own: reading
  *    (or resetting the peaks of) theirs reads (resets) their upstream's;
- *  - is thread-safe: any thread may allocate and free through it.
+ *  - is thread-safe: any thread may allocate and free through it. The
+ *    counts of a whole stack (its adaptors and the resource at its bottom)
+ *    share one lock, taken once per allocate and once per free however many
+ *    layers count, so a counting layer adds no atomic operation of its own
+ *    (a limiting adaptor adds one per allocate: its admission), and threads
+ *    using different adaptors over one upstream meet at that lock.
  * Memory an adaptor did not allocate cannot be handed to it:
  * cubuf_buffer_wrap refuses every adaptor (CUBUF_ERROR_INVALID_ARGUMENT).
  * Every create returns CUBUF_ERROR_INVALID_ARGUMENT (NULL upstream or out,
@@ -155,7 +160,10 @@ typedef struct cubuf_log_options {
  * shard's batch by the adaptor's writer thread when it fills, the rest at a
  * flush (cubuf_log_adaptor_flush, the last release): lines of different
  * batches may therefore come out of time order; sort by the first field to
- * read a whole log in order (`cubuf replay LOG` does, README).
+ * read a whole log in order (`cubuf replay LOG` does, README). At most 16
+ * full batches wait for the writer thread: past that, the thread that fills
+ * a shard writes them itself, so the log's memory stays bounded and a
+ * program that allocates faster than its log can be written slows down.
  * Returns CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer
  * thread cannot start).
  */
