@@ -130,8 +130,10 @@ CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, 
 
 /** Receives one log line (no newline) at a write: on the adaptor's writer
  *  thread, or on the thread whose flush (cubuf_log_adaptor_flush, the last
- *  release, an event that finds no buffer) writes it, one call at a time. It
- *  must not allocate from or free to the same logging adaptor. */
+ *  release, an event that finds no buffer or a full backlog) writes it, one
+ *  call at a time. It must not allocate from or free to the same logging
+ *  adaptor, nor wait for anything a thread allocating through it may hold
+ *  (a full backlog makes that thread wait for the writes). */
 typedef void (*cubuf_log_line_fn)(void *user, const char *line);
 
 /** Options of a logging adaptor. Initialize with CUBUF_LOG_OPTIONS_INIT. */

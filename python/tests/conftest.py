@@ -89,6 +89,12 @@ class Driver:
     def mem_free(self, ptr):
         self.check(self.fn("cuMemFree", 3020, ctypes.c_uint64)(ptr), "cuMemFree")
 
+    def mem_free_async(self, ptr, stream):
+        """cuMemFreeAsync of pool memory on a cubuf stream, in device 0's primary context."""
+        self.set_current(cubuf.Context(0))
+        f = self.fn("cuMemFreeAsync", 11020, ctypes.c_uint64, ctypes.c_void_p)
+        self.check(f(ptr, stream.handle), "cuMemFreeAsync")
+
 
 @pytest.fixture
 def drv():

@@ -99,13 +99,18 @@ def test_array_api_arguments():
 
 
 def test_copy_true_exports_a_copy():
-    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(64)
     b.fill(5, stream=S)
     c = cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: b.__dlpack__(copy=True, **kw),
                                            "__dlpack_device__": lambda self: b.__dlpack_device__()})())
     assert c.handle != b.handle and c.size == 64
     assert c.copy_to_host() == b"\x05" * 64
+    assert mr.stats["current_bytes"] == 128  # b and its copy, from b's resource
     b.close()  # a copy holds no slice of b
+    assert mr.stats["current_bytes"] == 64
+    c.close()  # the view lets go of the tensor, whose deleter frees the copy
+    assert mr.stats["current_bytes"] == 0 and mr.stats["current_count"] == 0
 
 
 def test_numpy_host_memory_round_trip():
