@@ -3,6 +3,8 @@
  * (the cap) and the failure callback. Logging and tracking have files of
  * their own. */
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "adaptor_base.h"
 
@@ -16,12 +18,9 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
         cubuf__context_release(up->ctx);
         return st;
     }
-    cubuf_adaptor_t *a = res->impl;
-    a->up = cubuf_resource_retain(up);
     res->props = up->props;
-    res->upstream = up;
+    res->upstream = cubuf_resource_retain(up);
     res->lock = up->lock; /* one lock for the stack: resource.c */
-    if (vt->passes_stats) res->stats_from = up;
     *out = res;
     return CUBUF_SUCCESS;
 }
@@ -30,10 +29,17 @@ const char cubuf__adaptor_no_adopt[] =
     "an adaptor frees through its upstream's raw-pointer interface, which takes back only what "
     "was allocated through it (allocate from the adaptor instead)";
 
+static _Thread_local int32_t tls_tid;
+
+int32_t cubuf__adaptor_thread_id(void)
+{
+    if (__builtin_expect(!tls_tid, 0)) tls_tid = (int32_t)syscall(SYS_gettid);
+    return tls_tid;
+}
+
 void cubuf__adaptor_destroy(cubuf_resource_t *res)
 {
-    cubuf_adaptor_t *a = res->impl; /* freed with the resource */
-    cubuf_resource_release(a->up);
+    cubuf_resource_release(res->upstream);
 }
 
 /* ---- statistics ---------------------------------------------------------------- */
@@ -58,7 +64,7 @@ static const cubuf_resource_vtbl_t stats_vtbl = {
 
 cubuf_status_t cubuf_statistics_adaptor_create(cubuf_resource_t *upstream, cubuf_resource_t **out)
 {
-    return cubuf__adaptor_new(upstream, &stats_vtbl, sizeof(cubuf_adaptor_t),
+    return cubuf__adaptor_new(upstream, &stats_vtbl, 0,
                               "cubuf_statistics_adaptor_create", out);
 }
 
@@ -179,7 +185,7 @@ cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, size_t cap
 {
     static const char what[] = "cubuf_limit_adaptor_create";
     CHECK_ARG(cap < SIZE_MAX, "%s: a cap of SIZE_MAX bytes limits nothing", what);
-    cubuf_status_t st = cubuf__adaptor_new(upstream, &limit_vtbl, sizeof(cubuf_adaptor_t), what, out);
+    cubuf_status_t st = cubuf__adaptor_new(upstream, &limit_vtbl, 0, what, out);
     if (st == CUBUF_SUCCESS) (*out)->cap = cap;
     return st;
 }
@@ -187,7 +193,6 @@ cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, size_t cap
 /* ---- failure callback ------------------------------------------------------------------ */
 
 typedef struct failure_adaptor {
-    cubuf_adaptor_t base;
     cubuf_oom_callback_fn callback;
     void *user;
 } failure_adaptor_t;

@@ -1,24 +1,23 @@
-/* What every resource adaptor shares (adaptor.c): an upstream it holds and
- * reaches through its raw-pointer path. Private: never installed. */
+/* What every resource adaptor shares (adaptor.c): an upstream it holds
+ * (res->upstream) and reaches one layer down. Private: never installed. */
 #ifndef CUBUF_ADAPTOR_BASE_H
 #define CUBUF_ADAPTOR_BASE_H
 
 #include "internal.h"
 
-/* The first member of every adaptor's state (res->impl). */
-typedef struct cubuf_adaptor {
-    cubuf_resource_t *up; /* retained */
-} cubuf_adaptor_t;
-
 /* Why cubuf_buffer_wrap refuses every adaptor (vtbl no_adopt). */
 extern const char cubuf__adaptor_no_adopt[];
 
-/* A new adaptor resource over `up` (retained), with up's properties and
- * context, and `impl_size` zeroed bytes of state whose first member is a
- * cubuf_adaptor_t. `what` names the create function for messages. */
+/* A new adaptor resource over `up` (retained in res->upstream), with up's
+ * properties, context and lock, and `impl_size` zeroed bytes of state (0:
+ * none). `what` names the create function for messages. */
 cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtbl_t *vt,
                                   size_t impl_size, const char *what, cubuf_resource_t **out);
-/* The vtbl destroy of an adaptor with no state to free besides its own. */
+/* The calling thread's kernel id (cached per thread): what the log and the
+ * tracker name a thread by. */
+int32_t cubuf__adaptor_thread_id(void);
+
+/* The vtbl destroy of an adaptor with no state to free: lets the upstream go. */
 void cubuf__adaptor_destroy(cubuf_resource_t *res);
 
 /* One allocation and one free through the upstream, with the vtbl's
@@ -31,21 +30,18 @@ static inline cubuf_status_t cubuf__adaptor_up_allocate(cubuf_resource_t *res, c
                                                         cubuf_charge_t *charge)
 {
     (void)stream;
-    const cubuf_adaptor_t *a = res->impl;
-    return cubuf__layer_allocate(a->up, buf, in_ctx, charge);
+    return cubuf__layer_allocate(res->upstream, buf, in_ctx, charge);
 }
 static inline cubuf_status_t cubuf__adaptor_up_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                           const cubuf_stream_token_t *token,
                                                           cubuf_charge_t *charge)
 {
-    const cubuf_adaptor_t *a = res->impl;
-    return cubuf__layer_free(a->up, buf, token, charge);
+    return cubuf__layer_free(res->upstream, buf, token, charge);
 }
 
 static inline void cubuf__adaptor_up_undo(cubuf_resource_t *res, cubuf_buffer_t *buf)
 {
-    const cubuf_adaptor_t *a = res->impl;
-    cubuf__layer_undo(a->up, buf);
+    cubuf__layer_undo(res->upstream, buf);
 }
 
 #endif

@@ -11,13 +11,10 @@
  * the shards hold. Lock order: the output lock, a shard, the queue. */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "adaptor_base.h"
 
@@ -51,7 +48,6 @@ typedef struct log_batch {
 } log_batch_t;
 
 typedef struct log_adaptor {
-    cubuf_adaptor_t base;
     FILE *file;
     cubuf_log_line_fn callback;
     void *user;
@@ -76,19 +72,8 @@ static int64_t mono_ns(void)
  * thread, so stamps order events across threads and need no conversion. */
 static inline uint64_t stamp_now(void) { return (uint64_t)mono_ns(); }
 
-static _Thread_local int32_t tls_tid;
-
-static inline int32_t thread_id(void)
-{
-    if (__builtin_expect(!tls_tid, 0)) tls_tid = (int32_t)syscall(SYS_gettid);
-    return tls_tid;
-}
-
-static void shard_lock(log_shard_t *s)
-{
-    while (atomic_exchange_explicit(&s->lock, true, memory_order_acquire)) sched_yield();
-}
-static void shard_unlock(log_shard_t *s) { atomic_store_explicit(&s->lock, false, memory_order_release); }
+static void shard_lock(log_shard_t *s) { cubuf__spin_lock(&s->lock); }
+static void shard_unlock(log_shard_t *s) { cubuf__spin_unlock(&s->lock); }
 
 static cubuf_status_t flush(log_adaptor_t *l);
 
@@ -128,7 +113,7 @@ static bool hand_over(log_adaptor_t *l, log_shard_t *s, bool bounded)
 static void record(log_adaptor_t *l, uint8_t op, uint64_t stamp, const cubuf_stream_token_t *on,
                    CUdeviceptr ptr, size_t size, cubuf_status_t st)
 {
-    const int32_t tid = thread_id();
+    const int32_t tid = cubuf__adaptor_thread_id();
     log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
     for (;;) {
         shard_lock(s);
@@ -366,13 +351,6 @@ static void log_destroy(cubuf_resource_t *res)
     cubuf__adaptor_destroy(res);
 }
 
-/* A logging adaptor whose creation failed: released without a flush. */
-static const cubuf_resource_vtbl_t log_vtbl_unmade = {
-    .name = "logging adaptor",
-    .passes_stats = true,
-    .destroy = cubuf__adaptor_destroy,
-};
-
 static const cubuf_resource_vtbl_t log_vtbl = {
     .name = "logging adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
@@ -421,10 +399,7 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
         l->writer_started = e == 0;
     }
     if (st != CUBUF_SUCCESS) {
-        log_free(l);
-        l->file = NULL;
-        res->vt = &log_vtbl_unmade;
-        cubuf_resource_release(res);
+        cubuf_resource_release(res); /* log_destroy copes with a part-made adaptor */
         return st;
     }
     *out = res;

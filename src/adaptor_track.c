@@ -3,12 +3,9 @@
  * pointer, each under its own spin lock, so threads freeing different
  * pointers rarely meet. */
 #include <execinfo.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "adaptor_base.h"
 #include "ptrmap.h"
@@ -29,7 +26,6 @@ typedef struct track_shard {
 } track_shard_t;
 
 typedef struct track_adaptor {
-    cubuf_adaptor_t base;
     bool backtraces;
     track_shard_t shards[TRACK_SHARDS];
 } track_adaptor_t;
@@ -39,13 +35,8 @@ static track_shard_t *shard_of(track_adaptor_t *t, CUdeviceptr p)
     return &t->shards[((uint64_t)p * 0x9E3779B97F4A7C15ull >> 40) % TRACK_SHARDS];
 }
 
-static void shard_lock(track_shard_t *s)
-{
-    while (atomic_exchange_explicit(&s->lock, true, memory_order_acquire)) sched_yield();
-}
-static void shard_unlock(track_shard_t *s) { atomic_store_explicit(&s->lock, false, memory_order_release); }
-
-static _Thread_local long tls_tid;
+static void shard_lock(track_shard_t *s) { cubuf__spin_lock(&s->lock); }
+static void shard_unlock(track_shard_t *s) { cubuf__spin_unlock(&s->lock); }
 
 static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                      bool in_ctx, cubuf_charge_t *charge)
@@ -62,8 +53,8 @@ static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
         free(trace);
         return st;
     }
-    if (__builtin_expect(!tls_tid, 0)) tls_tid = syscall(SYS_gettid);
-    const cubuf_ptr_entry_t e = {buf->ptr, buf->size, buf->dealloc.stream, trace, (uint64_t)tls_tid};
+    const cubuf_ptr_entry_t e = {buf->ptr, buf->size, buf->dealloc.stream, trace,
+                                 (uint64_t)cubuf__adaptor_thread_id()};
     track_shard_t *s = shard_of(t, buf->ptr);
     shard_lock(s);
     st = cubuf__ptrmap_insert(&s->map, &e);

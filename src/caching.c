@@ -13,7 +13,6 @@
  * Each thread remembers the stream states it used (tls_slots), keyed by the
  * resource's id, which is never reused, so a stale entry never matches. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -102,24 +101,9 @@ size_t cubuf_caching_class_size(size_t size)
 
 /* ---- locks ---- */
 
-static inline void cs_lock(cstream_t *cs)
-{
-    if (!atomic_exchange_explicit(&cs->lock, true, memory_order_acquire)) return;
-    unsigned spins = 0;
-    do {
-        while (atomic_load_explicit(&cs->lock, memory_order_relaxed)) {
-            if (++spins < 256) {
-#if defined(__x86_64__) || defined(__i386__)
-                __builtin_ia32_pause();
-#endif
-            } else {
-                sched_yield();
-            }
-        }
-    } while (atomic_exchange_explicit(&cs->lock, true, memory_order_acquire));
-}
+static inline void cs_lock(cstream_t *cs) { cubuf__spin_lock(&cs->lock); }
 
-static inline void cs_unlock(cstream_t *cs) { atomic_store_explicit(&cs->lock, false, memory_order_release); }
+static inline void cs_unlock(cstream_t *cs) { cubuf__spin_unlock(&cs->lock); }
 
 /* ---- stream states ---- */
 

@@ -55,8 +55,8 @@ static cubuf_status_t array_span(const char *what, int32_t ndim, const int64_t *
 
 static cubuf_status_t device_of(const cubuf_buffer_t *buf, const char *what, DLDevice *dev)
 {
-    if (cubuf_buffer_is_closed(buf))
-        return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the buffer is closed", what);
+    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
+    if (st != CUBUF_SUCCESS) return st;
     bool device = cubuf_buffer_is_device_accessible(buf);
     DLDevice d = {kDLCPU, 0};
     if (cubuf_buffer_is_managed(buf)) {

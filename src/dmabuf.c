@@ -1,11 +1,11 @@
 /* dma-buf export of the memory behind a buffer (include/cubuf/dist.h): the
  * page-aligned span, the capability checks, the fd handed to the caller. */
 #include <errno.h>
-#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "dist.h"
+#include "ipc.h"
 
 /* Refuses what the driver documents no dma-buf for, before asking it. */
 static cubuf_status_t check_kind(const cubuf_buffer_t *buf, const cubuf_span_t *s, const char *what)
@@ -85,8 +85,7 @@ cubuf_status_t cubuf_buffer_export_dmabuf(const cubuf_buffer_t *buf, const cubuf
                              o.pcie_mapping ? ", PCIe mapping asked for" : "");
         goto out;
     }
-    int fdflags = fcntl(fd, F_GETFD);
-    if (fdflags < 0 || fcntl(fd, F_SETFD, fdflags | FD_CLOEXEC) < 0) {
+    if (!cubuf__set_cloexec(fd)) {
         int e = errno;
         close(fd);
         st = cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: fcntl(FD_CLOEXEC) on the dma-buf: %s", what,

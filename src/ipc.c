@@ -28,12 +28,10 @@ static cubuf_status_t root_of(const cubuf_buffer_t *buf, const cubuf_buffer_t **
     return CUBUF_SUCCESS;
 }
 
-/* The driver's fds are not close-on-exec; ours are, so they never leak into
- * programs the caller starts. */
-static void set_cloexec(int fd)
+bool cubuf__set_cloexec(int fd)
 {
     int fl = fcntl(fd, F_GETFD);
-    if (fl >= 0) (void)fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+    return fl >= 0 && fcntl(fd, F_SETFD, fl | FD_CLOEXEC) == 0;
 }
 
 static pthread_mutex_t identity_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -91,7 +89,7 @@ static cubuf_status_t export_pool(const cubuf_buffer_t *root, uint64_t offset, s
     int fd = -1;
     CHECK(CU(cuMemPoolExportToShareableHandle, &fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     d->fds[0] = fd;
-    set_cloexec(fd);
+    (void)cubuf__set_cloexec(fd);
     CUmemPoolPtrExportData data;
     memset(&data, 0, sizeof data);
     CHECK(CU(cuMemPoolExportPointer, &data, root->ptr));
@@ -191,7 +189,7 @@ cubuf_status_t cubuf__ipc_export_vmm(const cubuf_buffer_t *root, uint64_t offset
             goto fail;
         }
         d->fds[k] = fd;
-        set_cloexec(fd);
+        (void)cubuf__set_cloexec(fd);
     }
     cubuf__ctx_pop(&g);
     free(chunks);

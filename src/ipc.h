@@ -73,4 +73,9 @@ cubuf_status_t cubuf__ipc_export_legacy(const cubuf_buffer_t *root, uint64_t off
  * races a close. */
 unsigned cubuf__ipc_pool_imports_waiting(void);
 
+/* Marks an fd close-on-exec (the driver's fds are not; cubuf's are, so they
+ * never leak into programs the caller starts); false, errno set, if fcntl
+ * refuses. */
+bool cubuf__set_cloexec(int fd);
+
 #endif

@@ -48,10 +48,10 @@ cubuf_status_t cubuf__span_enter(const cubuf_buffer_t *buf, const char *what, cu
 {
     guard->pushed = false;
     CHECK_ARG(buf, "%s: buf is NULL", what);
-    if (cubuf_buffer_is_closed(buf)) return cubuf__fail(CUBUF_ERROR_CLOSED, "%s: the buffer is closed", what);
-    CHECK_ARG(cubuf_buffer_size(buf) > 0, "%s: the buffer is empty (size 0): it holds no memory", what);
-    cubuf_status_t st = cubuf__driver_load();
+    cubuf_status_t st = cubuf__buffer_check_open(buf, what);
     if (st != CUBUF_SUCCESS) return st;
+    CHECK_ARG(cubuf_buffer_size(buf) > 0, "%s: the buffer is empty (size 0): it holds no memory", what);
+    if ((st = cubuf__driver_load()) != CUBUF_SUCCESS) return st;
     return cubuf__ctx_push(cubuf__buffer_exec_ctx(buf), guard);
 }
 

@@ -20,8 +20,7 @@
  * every layer in one critical section, and a layer costs no atomic of its
  * own (one atomic read-modify-write is about 9 ns on the H200's host; the
  * stack's threads meet at its bottom resource anyway). A critical section is
- * a few additions; a waiter spins briefly, then yields, in case the holder
- * was preempted. */
+ * a few additions (the spin lock, common.h). */
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
 #elif defined(__aarch64__)
@@ -30,7 +29,7 @@
 #define cpu_relax() ((void)0)
 #endif
 
-void cubuf__resource_lock_wait(atomic_bool *lock)
+void cubuf__spin_wait(atomic_bool *lock)
 {
     unsigned spins = 0;
     do {
@@ -502,24 +501,6 @@ static inline void raw_record(cubuf_buffer_t *rec, cubuf_resource_t *res, CUdevi
     rec->resource = res;
 }
 
-cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
-                                   bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge)
-{
-    cubuf_buffer_t rec;
-    raw_record(&rec, res, 0, size, on);
-    cubuf_status_t st = record_allocate(res, &rec, in_ctx, charge);
-    if (__builtin_expect(st == CUBUF_SUCCESS, 1)) *ptr = rec.ptr;
-    return st;
-}
-
-cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
-                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge)
-{
-    cubuf_buffer_t rec;
-    raw_record(&rec, res, ptr, size, token);
-    return record_free(res, &rec, token, charge);
-}
-
 cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size, CUstream stream,
                                            CUdeviceptr *ptr)
 {
@@ -527,9 +508,13 @@ cubuf_status_t cubuf_resource_allocate_raw(cubuf_resource_t *res, size_t size, C
     CHECK_ARG(size > 0, "cubuf_resource_allocate_raw: size 0");
     cubuf_stream_token_t t;
     bool in_ctx;
-    cubuf_charge_t ch;
     cubuf_status_t st = bind_stream(res, stream, NULL, &t, &in_ctx);
-    if (st == CUBUF_SUCCESS) st = cubuf__raw_allocate(res, size, &t, in_ctx, ptr, &ch);
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_buffer_t rec;
+    cubuf_charge_t ch;
+    raw_record(&rec, res, 0, size, &t);
+    st = record_allocate(res, &rec, in_ctx, &ch);
+    if (__builtin_expect(st == CUBUF_SUCCESS, 1)) *ptr = rec.ptr;
     return st;
 }
 
@@ -541,10 +526,12 @@ cubuf_status_t cubuf_resource_deallocate_raw(cubuf_resource_t *res, CUdeviceptr 
               (unsigned long long)ptr, size);
     cubuf_stream_token_t t;
     bool in_ctx;
-    cubuf_charge_t ch;
     cubuf_status_t st = bind_stream(res, stream, NULL, &t, &in_ctx);
-    if (st == CUBUF_SUCCESS) st = cubuf__raw_deallocate(res, ptr, size, &t, &ch);
-    return st;
+    if (st != CUBUF_SUCCESS) return st;
+    cubuf_buffer_t rec;
+    cubuf_charge_t ch;
+    raw_record(&rec, res, ptr, size, &t);
+    return record_free(res, &rec, &t, &ch);
 }
 
 /* ---- user-defined resources ---- */

@@ -64,7 +64,7 @@ typedef struct cubuf_resource_vtbl {
     CUmemoryPool (*pool)(const cubuf_resource_t *res);
     /* An adaptor that keeps no statistics of its own (logging, tracking,
      * the failure callback): its allocations are counted by its upstream,
-     * whose figures reading its statistics gives (res->stats_from). */
+     * whose figures reading its statistics gives (cubuf__stats_owner). */
     bool passes_stats;
 } cubuf_resource_vtbl_t;
 
@@ -104,7 +104,6 @@ struct cubuf_resource {
     size_t cap;           /* requested bytes the resource may hold; SIZE_MAX: no cap (limiting adaptors) */
     size_t admitted;      /* capped: bytes of requests admitted and not yet made or failed */
     struct cubuf_raw_map *raw;
-    cubuf_resource_t *stats_from; /* vt->passes_stats: the upstream whose figures are read */
     bool fabric_fallback; /* asked for fabric handles, made with POSIX fds (pools; VMM keeps its own) */
     void *impl; /* kind-specific state */
     unsigned char ipc_pool_id[16]; /* pools: IPC identity, random, set on first export (ipc.c) */
@@ -116,18 +115,9 @@ struct cubuf_resource {
 cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_context_t *ctx,
                                    size_t impl_size, cubuf_resource_t **out);
 /* The resource lock (resource.c says why one lock), shared by an adaptor
- * and everything below it. Inline: it sits on the allocation hot path. The
- * slow path spins, then yields. Never held while taking another. */
-void cubuf__resource_lock_wait(atomic_bool *lock);
-static inline void cubuf__resource_lock(cubuf_resource_t *res)
-{
-    if (atomic_exchange_explicit(res->lock, true, memory_order_acquire))
-        cubuf__resource_lock_wait(res->lock);
-}
-static inline void cubuf__resource_unlock(cubuf_resource_t *res)
-{
-    atomic_store_explicit(res->lock, false, memory_order_release);
-}
+ * and everything below it. Never held while taking another. */
+static inline void cubuf__resource_lock(cubuf_resource_t *res) { cubuf__spin_lock(res->lock); }
+static inline void cubuf__resource_unlock(cubuf_resource_t *res) { cubuf__spin_unlock(res->lock); }
 
 /* The counting: the only code that changes a tally. `sign` +1 for an
  * allocation of `requested` bytes that moved `charge`, -1 for its free. The
@@ -188,7 +178,7 @@ void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf);
  * that passes them on, the first upstream that keeps its own. */
 static inline cubuf_resource_t *cubuf__stats_owner(const cubuf_resource_t *res)
 {
-    while (res->stats_from) res = res->stats_from;
+    while (res->vt->passes_stats) res = res->upstream;
     return (cubuf_resource_t *)res;
 }
 
@@ -210,13 +200,5 @@ cubuf_status_t cubuf__layer_free(cubuf_resource_t *res, cubuf_buffer_t *rec,
  * after it (nothing then counts it): freed on rec->dealloc, and the caps
  * below let go of the bytes they held for it. */
 void cubuf__layer_undo(cubuf_resource_t *res, cubuf_buffer_t *rec);
-
-/* The raw path from a pointer and size, counted (cubuf_resource_allocate_raw
- * and deallocate_raw). `on` is the stream already bound (cubuf__stream_record,
- * or the token the caller's allocation was given). */
-cubuf_status_t cubuf__raw_allocate(cubuf_resource_t *res, size_t size, const cubuf_stream_token_t *on,
-                                   bool in_ctx, CUdeviceptr *ptr, cubuf_charge_t *charge);
-cubuf_status_t cubuf__raw_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
-                                     const cubuf_stream_token_t *token, cubuf_charge_t *charge);
 
 #endif
