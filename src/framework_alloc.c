@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "ptrmap.h"
 #include "cubuf/caching.h"
 
 #define FW_DEVICES 64
@@ -115,16 +116,14 @@ void cubuf_torch_free(void *ptr, size_t size, int device, CUstream stream)
 }
 
 /* ---- CuPy: its free passes no size, so live pointers map to their sizes ----
- * Open addressing with linear probing (key 0 is empty), sharded by the
- * pointer's hash, each shard under its own mutex. */
+ * Pointer maps (ptrmap.h), sharded by the pointer's hash, each shard under
+ * its own mutex. */
 
 #define SHARDS 64
 
 typedef struct shard {
     pthread_mutex_t mutex;
-    CUdeviceptr *keys;
-    size_t *sizes;
-    size_t cap, n; /* cap: 0 or a power of two */
+    cubuf_ptrmap_t map; /* entry: ptr, size */
 } shard_t;
 
 static shard_t shards[SHARDS];
@@ -135,61 +134,9 @@ static void shards_init(void)
     for (int i = 0; i < SHARDS; i++) pthread_mutex_init(&shards[i].mutex, NULL);
 }
 
-static inline uint64_t ptr_hash(CUdeviceptr p) { return ((uint64_t)p >> 9) * 0x9E3779B97F4A7C15ULL; }
-
-static inline shard_t *shard_of(uint64_t h) { return &shards[h >> 58]; }
-
-static void shard_put(shard_t *s, uint64_t h, CUdeviceptr p, size_t size)
+static inline shard_t *shard_of(CUdeviceptr p)
 {
-    size_t i = h & (s->cap - 1);
-    while (s->keys[i]) i = (i + 1) & (s->cap - 1);
-    s->keys[i] = p;
-    s->sizes[i] = size;
-    s->n++;
-}
-
-static bool shard_grow(shard_t *s)
-{
-    size_t cap = s->cap ? s->cap * 2 : 64;
-    CUdeviceptr *keys = cubuf__calloc(cap, sizeof *keys);
-    size_t *sizes = cubuf__calloc(cap, sizeof *sizes);
-    if (!keys || !sizes) {
-        cubuf__free(keys);
-        cubuf__free(sizes);
-        return false;
-    }
-    shard_t old = *s;
-    s->keys = keys;
-    s->sizes = sizes;
-    s->cap = cap;
-    s->n = 0;
-    for (size_t i = 0; i < old.cap; i++)
-        if (old.keys[i]) shard_put(s, ptr_hash(old.keys[i]), old.keys[i], old.sizes[i]);
-    cubuf__free(old.keys);
-    cubuf__free(old.sizes);
-    return true;
-}
-
-/* Removes p; returns its size, 0 when p is not there. */
-static size_t shard_take(shard_t *s, uint64_t h, CUdeviceptr p)
-{
-    if (!s->cap) return 0;
-    size_t mask = s->cap - 1, i = h & mask;
-    while (s->keys[i] && s->keys[i] != p) i = (i + 1) & mask;
-    if (!s->keys[i]) return 0;
-    size_t size = s->sizes[i];
-    /* backward-shift deletion keeps every probe chain unbroken */
-    for (size_t j = (i + 1) & mask; s->keys[j]; j = (j + 1) & mask) {
-        size_t home = ptr_hash(s->keys[j]) & mask;
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            s->keys[i] = s->keys[j];
-            s->sizes[i] = s->sizes[j];
-            i = j;
-        }
-    }
-    s->keys[i] = 0;
-    s->n--;
-    return size;
+    return &shards[(((uint64_t)p >> 9) * 0x9E3779B97F4A7C15ULL) >> 58];
 }
 
 void *cubuf_cupy_malloc(void *param, size_t size, int device)
@@ -199,13 +146,12 @@ void *cubuf_cupy_malloc(void *param, size_t size, int device)
     CUdeviceptr p = 0;
     if (!size) size = 1;
     if (fw_alloc(device, size, CU_STREAM_LEGACY, &p) != CUBUF_SUCCESS) return NULL;
-    uint64_t h = ptr_hash(p);
-    shard_t *s = shard_of(h);
+    shard_t *s = shard_of(p);
+    const cubuf_ptr_entry_t e = {p, size, NULL, NULL, 0};
     pthread_mutex_lock(&s->mutex);
-    bool ok = (s->n + 1) * 2 <= s->cap || shard_grow(s);
-    if (ok) shard_put(s, h, p, size);
+    cubuf_status_t st = cubuf__ptrmap_insert(&s->map, &e);
     pthread_mutex_unlock(&s->mutex);
-    if (!ok) {
+    if (st != CUBUF_SUCCESS) {
         (void)fw_free(device, p, size, CU_STREAM_LEGACY);
         cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cubuf_cupy_malloc: cannot grow the pointer table");
         return NULL;
@@ -219,15 +165,19 @@ void cubuf_cupy_free(void *param, void *ptr, int device)
     if (!ptr) return;
     pthread_once(&shards_once, shards_init);
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
-    uint64_t h = ptr_hash(p);
-    shard_t *s = shard_of(h);
+    shard_t *s = shard_of(p);
+    cubuf_ptr_entry_t e;
     pthread_mutex_lock(&s->mutex);
-    size_t size = shard_take(s, h, p);
+    bool found = cubuf__ptrmap_remove(&s->map, p, &e);
     pthread_mutex_unlock(&s->mutex);
-    cubuf_status_t st = size ? fw_free(device, p, size, CU_STREAM_LEGACY)
-                             : cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
-                                           "not allocated by cubuf_cupy_malloc");
-    if (st != CUBUF_SUCCESS)
-        cubuf__warn(st, "cubuf_cupy_free: %p (device %d) not freed: %s", ptr, device,
-                    cubuf_last_error());
+    cubuf_status_t st = found ? fw_free(device, p, e.size, CU_STREAM_LEGACY)
+                              : cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
+                                            "not allocated by cubuf_cupy_malloc");
+    if (st == CUBUF_SUCCESS) return;
+    if (found) { /* still allocated: a later free may succeed */
+        pthread_mutex_lock(&s->mutex);
+        (void)cubuf__ptrmap_put_back(&s->map, &e);
+        pthread_mutex_unlock(&s->mutex);
+    }
+    cubuf__warn(st, "cubuf_cupy_free: %p (device %d) not freed: %s", ptr, device, cubuf_last_error());
 }

@@ -56,4 +56,12 @@ __attribute__((unused)) static bool dist_is_dmabuf(int fd, uint64_t size)
     return true;
 }
 
+/* A refused call: the status, and no fd opened. */
+#define T_REFUSED(expr, status)                                                  \
+    do {                                                                         \
+        int t_fds_ = dist_open_fds();                                            \
+        T_STATUS(expr, status);                                                  \
+        T_CHECK(dist_open_fds() == t_fds_);                                      \
+    } while (0)
+
 #endif

@@ -584,10 +584,5 @@ int main(void)
     test_faults();
     test_threads();
     test_framework_set();
-    if (t_failures) {
-        fprintf(stderr, "%d check(s) failed\n", t_failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return t_finish("test_caching");
 }

@@ -112,16 +112,6 @@ static void import_and_check(const char *what, cubuf_context_t *ctx, const cubuf
     cubuf_buffer_release(buf);
 }
 
-/* A refused call: the status, no descriptor, no fd opened. */
-#define T_REFUSED(expr, status)                                                  \
-    do {                                                                         \
-        int t_fds_ = dist_open_fds();                                            \
-        cubuf_ipc_descriptor_t *t_d_ = NULL;                                     \
-        (void)t_d_;                                                              \
-        T_STATUS(expr, status);                                                  \
-        T_CHECK(dist_open_fds() == t_fds_);                                      \
-    } while (0)
-
 static void errors(const wire_head_t *h, const uint8_t *bytes, bool pidfd_works)
 {
     cubuf_ipc_descriptor_t *d = NULL;

@@ -79,6 +79,6 @@ PyObject *cbp_bench_raw(PyObject *m, PyObject *args)
     }
     if (r == CUDA_SUCCESS) r = cubuf__drv.cuStreamSynchronize(s);
     cubuf__drv.cuCtxPopCurrent(&popped);
-    if (r != CUDA_SUCCESS) return PyErr_Format(cbp_CUDAError, "_bench_raw(%s): CUresult %d", kind, (int)r);
+    if (r != CUDA_SUCCESS) return cbp_fail(cubuf__cu_status(r, kind), "_bench_raw");
     return PyFloat_FromDouble((t1 - t0) / (double)iters);
 }

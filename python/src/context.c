@@ -58,14 +58,6 @@ static PyObject *buffer_of(cubuf_status_t st, cubuf_buffer_t *buf, PyObject *own
     return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, owner, CU_STREAM_LEGACY);
 }
 
-static PyObject *Context_get_num_devices(PyObject *unused, PyObject *noargs)
-{
-    int n = 0;
-    cubuf_status_t st = cubuf_device_count(&n);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "get_num_devices");
-    return PyLong_FromLong(n);
-}
-
 static PyObject *Context_new_buffer(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *arg;
@@ -265,7 +257,7 @@ static PyObject *Context_to_numba(ContextObject *self, PyObject *unused)
 }
 
 static PyMethodDef Context_methods[] = {
-    {"get_num_devices", (PyCFunction)Context_get_num_devices, METH_NOARGS | METH_STATIC, "Number of GPU devices."},
+    {"get_num_devices", (PyCFunction)cbp_get_num_devices, METH_NOARGS | METH_STATIC, "Number of GPU devices."},
     {"new_buffer", (PyCFunction)(void (*)(void))Context_new_buffer, METH_FASTCALL | METH_KEYWORDS, "new_buffer(nbytes) -> Buffer of device memory."},
     {"buffer_from_data", (PyCFunction)(void (*)(void))Context_buffer_from_data, METH_FASTCALL | METH_KEYWORDS,
      "buffer_from_data(data, offset=0, size=-1) -> a new device Buffer holding a copy of data (a\n"

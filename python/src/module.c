@@ -59,18 +59,12 @@ PyObject *cbp_fail_as(PyObject *exc, cubuf_status_t st, const char *what)
      * out-of-memory of the device, a capture error), unless the caller
      * asked for a specific exception. */
     if (!exc) exc = r != CUDA_SUCCESS ? cbp_CUDAError : exception_for(st);
-    PyObject *err = PyObject_CallFunction(exc, "s", "");
-    if (!err) return NULL;
-    PyObject *msg = PyUnicode_FromFormat("%s: %s: %s", what, cubuf_status_name(st), cubuf_last_error());
-    if (!msg) goto out;
     /* args and str() are the message; CUDAError also carries the CUresult. */
-    PyObject *args = PyTuple_Pack(1, msg);
+    PyObject *msg = PyUnicode_FromFormat("%s: %s: %s", what, cubuf_status_name(st), cubuf_last_error());
+    if (!msg) return NULL;
+    PyObject *err = PyObject_CallOneArg(exc, msg);
     Py_DECREF(msg);
-    if (!args || PyObject_SetAttrString(err, "args", args) < 0) {
-        Py_XDECREF(args);
-        goto out;
-    }
-    Py_DECREF(args);
+    if (!err) return NULL;
     if (PyObject_TypeCheck(err, (PyTypeObject *)cbp_CUDAError)) {
         PyObject *name = rname ? PyUnicode_FromString(rname) : (Py_INCREF(Py_None), Py_None);
         PyObject *code = PyLong_FromLong((long)r);
@@ -396,7 +390,7 @@ static PyObject *Stream_sync(StreamObject *self, PyObject *unused)
      * code rarely has one: synchronize device 0's primary context instead,
      * which waits for its default streams' work and more. */
     cubuf_context_t *ctx = NULL;
-    if (self->handle == NULL || self->handle == CU_STREAM_LEGACY || self->handle == CU_STREAM_PER_THREAD) {
+    if (cbp_is_legacy(self->handle) || self->handle == CU_STREAM_PER_THREAD) {
         if (!(ctx = cbp_device_context(0))) return NULL;
     }
     cubuf_status_t st;
@@ -477,7 +471,7 @@ static PyObject *mod_default_stream(PyObject *m, PyObject *unused)
     return Py_NewRef(legacy_default_stream);
 }
 
-static PyObject *mod_get_num_devices(PyObject *m, PyObject *unused)
+PyObject *cbp_get_num_devices(PyObject *unused, PyObject *noargs)
 {
     int n = 0;
     cubuf_status_t st = cubuf_device_count(&n);
@@ -505,7 +499,7 @@ static PyMethodDef module_methods[] = {
     {"_bench_c_alloc_close", cbp_bench_c_alloc_close, METH_VARARGS, "bench/bench_python.py: the C pair's ns."},
     {"_bench_raw", cbp_bench_raw, METH_VARARGS, "bench/bench_python.py: the raw driver's ns."},
     {"default_stream", mod_default_stream, METH_NOARGS, "The legacy default stream (cubuf.LEGACY_DEFAULT_STREAM)."},
-    {"get_num_devices", mod_get_num_devices, METH_NOARGS, "Number of CUDA devices."},
+    {"get_num_devices", cbp_get_num_devices, METH_NOARGS, "Number of CUDA devices."},
     {"driver_version", mod_driver_version, METH_NOARGS, "The CUDA driver's version (13000 for 13.0)."},
     {"from_dlpack", (PyCFunction)(void (*)(void))cbp_from_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "from_dlpack(x, /, *, stream=None): a Buffer over the memory of a DLPack producer, without a copy.\n"

@@ -26,6 +26,14 @@ static PyObject *resource_make(PyTypeObject *type, cubuf_resource_t *res, int de
     return (PyObject *)r;
 }
 
+/* A constructor's end: the create's status, then the object (or the error). */
+static PyObject *resource_of(cubuf_status_t st, const char *what, PyTypeObject *type, cubuf_resource_t *res,
+                             int device, PyObject *options)
+{
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, what);
+    return resource_make(type, res, device, options);
+}
+
 PyObject *cbp_resource_wrap(cubuf_resource_t *res)
 {
     cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
@@ -171,9 +179,10 @@ static PyObject *opt(PyObject *o, const char *name, PyObject *dflt)
     return Py_NewRef(dflt);
 }
 
-static int opt_bool(PyObject *o, const char *name, bool *out)
+/* A truth-valued option; absent gives dflt. */
+static int opt_bool(PyObject *o, const char *name, bool dflt, bool *out)
 {
-    PyObject *v = opt(o, name, Py_False);
+    PyObject *v = opt(o, name, dflt ? Py_True : Py_False);
     if (!v) return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -193,30 +202,29 @@ static int opt_size(PyObject *o, const char *name, size_t dflt, size_t *out)
     return rc;
 }
 
-/* A string option among `choices` (NULL-terminated); None gives dflt. */
+/* The index of str v among `choices` (NULL-terminated). */
+static int choice_of(PyObject *v, const char *name, const char *const *choices, int *out)
+{
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str, not %.200s", name, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    for (int i = 0; choices[i]; i++)
+        if (PyUnicode_CompareWithASCIIString(v, choices[i]) == 0) return (*out = i), 0;
+    PyErr_Format(PyExc_ValueError, "%s %R is not one of the accepted values", name, v);
+    return -1;
+}
+
+/* A string option among `choices`; None gives dflt. */
 static int opt_choice(PyObject *o, const char *name, const char *const *choices, int dflt, int *out)
 {
     PyObject *v = opt(o, name, Py_None);
     if (!v) return -1;
-    if (v == Py_None) {
-        Py_DECREF(v);
-        *out = dflt;
-        return 0;
-    }
-    if (!PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a str, not %.200s", name, Py_TYPE(v)->tp_name);
-        Py_DECREF(v);
-        return -1;
-    }
-    for (int i = 0; choices[i]; i++)
-        if (PyUnicode_CompareWithASCIIString(v, choices[i]) == 0) {
-            Py_DECREF(v);
-            *out = i;
-            return 0;
-        }
-    PyErr_Format(PyExc_ValueError, "%s %R is not one of the accepted values", name, v);
+    int rc = 0;
+    if (v == Py_None) *out = dflt;
+    else rc = choice_of(v, name, choices, out);
     Py_DECREF(v);
-    return -1;
+    return rc;
 }
 
 static int resource_device_arg(PyObject *args, PyObject *kwds, const char *fname, bool device_first,
@@ -246,14 +254,13 @@ static PyObject *DeviceResource_new(PyTypeObject *type, PyObject *args, PyObject
     cubuf_device_resource_options_t opts = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
     if (o) {
         opts.private_pool = true;
-        if (opt_bool(o, "ipc_enabled", &opts.ipc_enabled) < 0 || opt_size(o, "max_size", 0, &opts.max_size) < 0 ||
+        if (opt_bool(o, "ipc_enabled", false, &opts.ipc_enabled) < 0 || opt_size(o, "max_size", 0, &opts.max_size) < 0 ||
             opt_size(o, "release_threshold", CUBUF_RELEASE_THRESHOLD_DEFAULT, &opts.release_threshold) < 0)
             return NULL;
     }
     cubuf_resource_t *res;
     cubuf_status_t st = cubuf_device_resource_create(d, &opts, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "DeviceMemoryResource");
-    return resource_make(type, res, d, o);
+    return resource_of(st, "DeviceMemoryResource", type, res, d, o);
 }
 
 static PyObject *PinnedResource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -262,11 +269,10 @@ static PyObject *PinnedResource_new(PyTypeObject *type, PyObject *args, PyObject
     PyObject *o;
     if (resource_device_arg(args, kwds, "PinnedMemoryResource", false, &d, &o) < 0) return NULL;
     bool ipc = false;
-    if (opt_bool(o, "ipc_enabled", &ipc) < 0) return NULL;
+    if (opt_bool(o, "ipc_enabled", false, &ipc) < 0) return NULL;
     cubuf_resource_t *res;
     cubuf_status_t st = cubuf_pinned_resource_create(d, ipc, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "PinnedMemoryResource");
-    return resource_make(type, res, d, o);
+    return resource_of(st, "PinnedMemoryResource", type, res, d, o);
 }
 
 static PyObject *ManagedResource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -284,8 +290,7 @@ static PyObject *ManagedResource_new(PyTypeObject *type, PyObject *args, PyObjec
     if (PyErr_Occurred()) return NULL;
     cubuf_resource_t *res;
     cubuf_status_t st = cubuf_managed_resource_create(d, (int)loc, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "ManagedMemoryResource");
-    return resource_make(type, res, d, o);
+    return resource_of(st, "ManagedMemoryResource", type, res, d, o);
 }
 
 static PyObject *CachingResource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -296,20 +301,13 @@ static PyObject *CachingResource_new(PyTypeObject *type, PyObject *args, PyObjec
         return NULL;
     o = o && o != Py_None ? o : NULL;
     cubuf_caching_options_t opts = CUBUF_CACHING_OPTIONS_INIT;
-    bool cross = true;
-    PyObject *v = opt(o, "cross_stream", Py_True);
-    if (!v) return NULL;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (t < 0 || opt_size(o, "max_cached_size", 0, &opts.max_cached_size) < 0 ||
+    if (opt_bool(o, "cross_stream", true, &opts.cross_stream) < 0 ||
+        opt_size(o, "max_cached_size", 0, &opts.max_cached_size) < 0 ||
         opt_size(o, "release_threshold", SIZE_MAX, &opts.release_threshold) < 0)
         return NULL;
-    cross = t;
-    opts.cross_stream = cross;
     cubuf_resource_t *res;
     cubuf_status_t st = cubuf_caching_resource_create(((ResourceObject *)up)->res, &opts, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "CachingMemoryResource");
-    return resource_make(type, res, ((ResourceObject *)up)->device, o);
+    return resource_of(st, "CachingMemoryResource", type, res, ((ResourceObject *)up)->device, o);
 }
 
 typedef cubuf_status_t (*simple_create_fn)(int, cubuf_resource_t **);
@@ -326,8 +324,7 @@ static PyObject *simple_new(PyTypeObject *type, PyObject *args, PyObject *kwds, 
     if (dev && dev != Py_None && cbp_device(dev, &d) < 0) return NULL;
     cubuf_resource_t *res;
     cubuf_status_t st = create(d, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, name);
-    return resource_make(type, res, d, NULL);
+    return resource_of(st, name, type, res, d, NULL);
 }
 
 static PyObject *LegacyPinned_new(PyTypeObject *t, PyObject *a, PyObject *k)
@@ -394,7 +391,7 @@ static int vmm_options(PyObject *o, cubuf_vmm_options_t *out)
         opt_choice(o, "handle_type", vmm_handles, 0, &e[2]) < 0 ||
         opt_choice(o, "granularity", vmm_granularities, 0, &e[3]) < 0 ||
         opt_choice(o, "self_access", vmm_access, 0, &e[4]) < 0 || opt_choice(o, "peer_access", vmm_access, 0, &e[5]) < 0 ||
-        opt_bool(o, "gpu_direct_rdma", &v.gpu_direct_rdma) < 0 || opt_size(o, "addr_hint", 0, &hint) < 0 ||
+        opt_bool(o, "gpu_direct_rdma", false, &v.gpu_direct_rdma) < 0 || opt_size(o, "addr_hint", 0, &hint) < 0 ||
         opt_size(o, "addr_align", 0, &v.address_alignment) < 0)
         return -1;
     v.address_hint = (CUdeviceptr)hint;
@@ -453,8 +450,7 @@ static PyObject *Vmm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (vmm_options(cfg, &o) < 0) return NULL;
     cubuf_resource_t *res;
     cubuf_status_t st = cubuf_vmm_resource_create(d, &o, &res);
-    if (st != CUBUF_SUCCESS) return cbp_fail(st, "VirtualMemoryResource");
-    return resource_make(type, res, d, cfg);
+    return resource_of(st, "VirtualMemoryResource", type, res, d, cfg);
 }
 
 static PyObject *Vmm_modify_allocation(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -530,18 +526,6 @@ int cbp_resource_types_ready(PyObject *m)
 
 static const char *const access_orders[] = {"stream", "during_api_call", "any", NULL};
 static const char *const overlap_modes[] = {"default", "prefer_overlap_with_compute", NULL};
-
-static int choice_of(PyObject *v, const char *name, const char *const *choices, int *out)
-{
-    if (!PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a str, not %.200s", name, Py_TYPE(v)->tp_name);
-        return -1;
-    }
-    for (int i = 0; choices[i]; i++)
-        if (PyUnicode_CompareWithASCIIString(v, choices[i]) == 0) return (*out = i), 0;
-    PyErr_Format(PyExc_ValueError, "%s %R is not one of the accepted values", name, v);
-    return -1;
-}
 
 /* A location hint: None, a device (int or .device_id), "host", or an object
  * with numa_id (cubuf.Host: None for the host, an int for a NUMA node). */

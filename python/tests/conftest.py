@@ -7,6 +7,7 @@ driver (CUBUF_LIBCUDA), whose memory no framework can use. `drv` calls the
 driver directly (through cuGetProcAddress of the driver cubuf loads) for
 what cubuf's API does not do: stream capture, raw allocations.
 """
+import contextlib
 import ctypes
 import os
 
@@ -71,6 +72,15 @@ class Driver:
         self.check(f(stream.handle, ctypes.byref(graph)), "cuStreamEndCapture")
         if graph.value:
             self.fn("cuGraphDestroy", 10000, ctypes.c_void_p)(graph)
+
+    @contextlib.contextmanager
+    def capture(self, stream):
+        """Stream capture for the block; ended (the graph dropped) whatever the block raises."""
+        self.begin_capture(stream)
+        try:
+            yield
+        finally:
+            self.end_capture(stream)
 
     def set_current(self, context):
         self.check(self.fn("cuCtxSetCurrent", 4000, ctypes.c_void_p)(context.handle), "cuCtxSetCurrent")

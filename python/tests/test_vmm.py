@@ -88,13 +88,10 @@ def test_close_on_capturing_stream_raises_and_stays_open(drv, stream):
     mr = cubuf.VirtualMemoryResource(0)
     b = mr.allocate(1)
     b.fill(5, stream=stream)
-    drv.begin_capture(stream)
-    try:
+    with drv.capture(stream):
         with pytest.raises(RuntimeError, match="CUBUF_ERROR_STREAM_CAPTURING"):
             b.close(stream)
         assert not b.is_closed
-    finally:
-        drv.end_capture(stream)
     assert b.copy_to_host(0, 2, stream=stream) == b"\x05\x05"
     b.close(stream)
     assert b.is_closed and mr.stats["current_bytes"] == 0
