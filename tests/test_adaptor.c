@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -378,6 +379,68 @@ static void test_log_callback(void)
     T_CHECK(ordered);
     T_CHECK(h.live == 0);
     lines_free(&got);
+    cubuf_resource_release(up);
+}
+
+/* A writer slower than the program: past 16 waiting batches the thread
+ * that fills a shard writes them itself (the backlog stays bounded), and
+ * every event still reaches the callback once. The writer thread writes a
+ * line only while the program has made no event for 20 ms (it waits in a
+ * write of its own) or is done, so it is the slower one on any machine;
+ * the program allocates until it has written lines itself (or 1M pairs,
+ * which an unbounded backlog would hold). */
+typedef struct slow_lines {
+    pthread_t main;
+    atomic_long lines, by_main, last_event_ms;
+    atomic_bool done;
+} slow_lines_t;
+
+static long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void slow_collect(void *user, const char *line)
+{
+    (void)line;
+    slow_lines_t *s = user;
+    atomic_fetch_add(&s->lines, 1);
+    if (pthread_equal(pthread_self(), s->main)) {
+        atomic_fetch_add(&s->by_main, 1);
+        return;
+    }
+    while (!atomic_load(&s->done) && now_ms() - atomic_load(&s->last_event_ms) < 20) usleep(1000);
+}
+
+static void test_log_backpressure(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    slow_lines_t s = {.main = pthread_self()};
+    atomic_store(&s.last_event_ms, now_ms());
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = slow_collect;
+    o.user = &s;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    const long header = atomic_load(&s.by_main); /* the header line, written at create */
+    long pairs = 0;
+    while (atomic_load(&s.by_main) == header && pairs < 1000000) {
+        CUdeviceptr p = 0;
+        T_OK(cubuf_resource_allocate_raw(lg, 8, NULL, &p));
+        T_OK(cubuf_resource_deallocate_raw(lg, p, 8, NULL));
+        pairs++;
+        if (pairs % 64 == 0) atomic_store(&s.last_event_ms, now_ms());
+    }
+    atomic_store(&s.done, true);
+    long by_main = atomic_load(&s.by_main) - header;
+    printf("  backpressure: the allocating thread wrote %ld lines itself after %ld events\n", by_main,
+           2 * pairs);
+    T_CHECK(by_main > 0);
+    cubuf_resource_release(lg);
+    T_CHECK(atomic_load(&s.lines) == header + 2 * pairs);
+    T_CHECK(h.live == 0);
     cubuf_resource_release(up);
 }
 
@@ -871,6 +934,7 @@ int main(void)
     test_limit();
     test_limit_threads();
     test_log_callback();
+    test_log_backpressure();
     test_log_file();
     test_tracking();
     test_failure_callback();
