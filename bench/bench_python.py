@@ -211,6 +211,29 @@ def main():
         else:
             others.append(("cuda.core", None, core_note))
         row("DLPack export + torch.from_dlpack", best(cubuf_dlpack, n), others)
+
+        # What of that call is torch's own, whatever the producer: its current-stream query
+        # (a new torch.cuda.Stream object each call) and the capsule's import.
+        def torch_stream(k):
+            current = torch.cuda.current_stream
+            for _ in range(k):
+                current("cuda:0")
+        floor = best(torch_stream, n)
+
+        def cubuf_capsule(k):  # the same exchange without torch's stream query
+            from_dlpack, export = torch.from_dlpack, buf.__dlpack__
+            for _ in range(k):
+                from_dlpack(export(stream=1, max_version=(1, 0)))
+        capsule_others = []
+        if core:
+            def core_capsule(k):
+                from_dlpack, export = torch.from_dlpack, cbuf.__dlpack__
+                for _ in range(k):
+                    from_dlpack(export(stream=1, max_version=(1, 0)))
+            capsule_others.append(("cuda.core", best(core_capsule, n), ""))
+        row("  __dlpack__ + torch.from_dlpack(capsule)", best(cubuf_capsule, n), capsule_others)
+        print(f"{'  torch.cuda.current_stream() alone':<34} {floor:8.3f} us: torch.from_dlpack(x) makes this query "
+              "for every CUDA producer before it asks x for a capsule", flush=True)
         buf.close()
     else:
         print(f"{'DLPack export + torch.from_dlpack':<34} {torch_note}")

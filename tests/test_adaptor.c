@@ -816,12 +816,13 @@ static void test_wrap_rules(void)
     cubuf_resource_release(up);
 }
 
-/* A free the upstream refuses leaves the allocation tracked, and freeable. */
+/* A free the upstream refuses leaves the allocation tracked, with its
+ * backtrace, and freeable. */
 static void test_tracker_failed_free(void)
 {
     host_up_t h;
     cubuf_resource_t *up = host_upstream(&h), *tr = NULL;
-    T_OK(cubuf_tracking_adaptor_create(up, false, &tr));
+    T_OK(cubuf_tracking_adaptor_create(up, true, &tr));
     CUdeviceptr p = 0;
     T_OK(cubuf_resource_allocate_raw(tr, 100, NULL, &p));
     h.fail_free = 1;
@@ -829,9 +830,84 @@ static void test_tracker_failed_free(void)
     size_t n = 0, bytes = 0;
     T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
     T_CHECK(n == 1 && bytes == 100 && h.live == 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    T_OK(cubuf_tracking_report(tr, mem));
+    fclose(mem);
+    T_CHECK(text && strstr(text, "1 outstanding allocation, 100 bytes") && strstr(text, "\n    "));
+    free(text);
     T_OK(cubuf_resource_deallocate_raw(tr, p, 100, NULL));
     T_OK(cubuf_tracking_outstanding(tr, &n, &bytes));
     T_CHECK(n == 0 && bytes == 0 && h.live == 0);
+    cubuf_resource_release(tr);
+    cubuf_resource_release(up);
+}
+
+/* A second free of a pointer while its first is under way (here from
+ * inside the upstream's free) is refused and frees nothing. */
+typedef struct again_up {
+    host_up_t h;
+    cubuf_resource_t *tr;
+    cubuf_status_t second;
+    char detail[256];
+} again_up_t;
+
+static cubuf_status_t again_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    again_up_t *a = state;
+    a->second = cubuf_resource_deallocate_raw(a->tr, p, size, NULL);
+    snprintf(a->detail, sizeof a->detail, "%s", cubuf_last_error());
+    return up_free(&a->h, p, size, s);
+}
+
+static void test_tracker_free_under_way(void)
+{
+    again_up_t a = {.second = CUBUF_SUCCESS};
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, up_alloc, again_free, NULL};
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true;
+    cubuf_resource_t *up = NULL;
+    T_OK(cubuf_resource_create(&ops, &props, &a, &up));
+    T_OK(cubuf_tracking_adaptor_create(up, false, &a.tr));
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(a.tr, 64, NULL, &p));
+    T_OK(cubuf_resource_deallocate_raw(a.tr, p, 64, NULL));
+    T_STATUS(a.second, CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(strstr(a.detail, "another thread is freeing it") != NULL);
+    size_t n = 1;
+    T_OK(cubuf_tracking_outstanding(a.tr, &n, NULL));
+    T_CHECK(n == 0 && a.h.frees == 1 && a.h.live == 0);
+    cubuf_resource_release(a.tr);
+    cubuf_resource_release(up);
+}
+
+/* A tracker in the middle of a stack that cannot record an allocation: the
+ * statistics above it count nothing, and the memory is back. */
+static void test_tracker_undo_in_stack(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *tr = NULL, *st = NULL;
+    T_OK(cubuf_tracking_adaptor_create(up, false, &tr));
+    T_OK(cubuf_statistics_adaptor_create(tr, &st));
+    cubuf_fault_fail_alloc_nth(1); /* the tracker's first map */
+    T_STATUS(cubuf_resource_allocate_raw(st, 128, NULL, &(CUdeviceptr){0}), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(cubuf_fault_fired());
+    cubuf_fault_reset();
+    T_STAT(st, 0, 0, 0, 0, 0);
+    T_STAT(up, 0, 0, 0, 0, 0);
+    T_CHECK(h.allocs == 1 && h.live == 0);
+    cubuf_buffer_t *b = NULL;
+    T_OK(cubuf_resource_allocate(st, 128, NULL, &b));
+    T_STAT(st, 128, 128, 1, 1, 128);
+    size_t n = 0;
+    T_OK(cubuf_tracking_outstanding(tr, &n, NULL));
+    T_CHECK(n == 1);
+    cubuf_buffer_release(b);
+    T_OK(cubuf_tracking_outstanding(tr, &n, NULL));
+    T_CHECK(n == 0 && h.live == 0);
+    T_STAT(st, 0, 128, 0, 1, 128);
+    cubuf_resource_release(st);
     cubuf_resource_release(tr);
     cubuf_resource_release(up);
 }
@@ -944,6 +1020,8 @@ int main(void)
     test_wrap_rules();
     test_tracker_failed_free();
     test_tracker_undo_under_cap();
+    test_tracker_free_under_way();
+    test_tracker_undo_in_stack();
     test_log_reuse_order();
     return t_finish("test_adaptor");
 }

@@ -141,16 +141,18 @@ static void test_deferred_close(cubuf_resource_t *res, bool foreign)
     bool held = !gate_is_open(&gate);
     T_CHECK(held); /* the close did not wait for its stream */
     if (!held) fprintf(stderr, "%s: closing the old alias waited for its stream\n", what);
-    /* Allowed once the buffer is closed; the queued work still runs. */
-    if (foreign) T_CU(cuCtxPushCurrent, other);
-    T_CU(cuStreamDestroy, s);
-    if (foreign) T_CU(cuCtxPopCurrent, &popped);
     cubuf_buffer_release(a);
 
     pthread_mutex_lock(&gate.mu);
     gate.last_close = true;
     pthread_cond_broadcast(&gate.cv);
     pthread_mutex_unlock(&gate.mu);
+    /* Allowed once the buffer is closed; the queued work still runs. After
+     * last_close: compute-sanitizer makes the destroy wait for the held work,
+     * which only the opener (100 ms from now) lets go. */
+    if (foreign) T_CU(cuCtxPushCurrent, other);
+    T_CU(cuStreamDestroy, s);
+    if (foreign) T_CU(cuCtxPopCurrent, &popped);
     T_OK(cubuf_buffer_close(g));
     /* The unmap waited for the held copy, which could only run once the gate opened. */
     T_CHECK(gate_is_open(&gate));
