@@ -21,7 +21,6 @@ cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtb
     res->props = up->props;
     res->upstream = cubuf_resource_retain(up);
     res->lock = up->lock; /* one lock for the stack: resource.c */
-    res->hooked = vt->hook || up->hooked;
     *out = res;
     return CUBUF_SUCCESS;
 }

@@ -211,31 +211,6 @@ static inline __attribute__((always_inline)) void count_layers_locked(cubuf_reso
     }
 }
 
-/* The hooks of the layers count_layers_locked walks, top first, told `op`;
- * when one fails, those above it are told `undo`. The lock is held. */
-static __attribute__((noinline)) cubuf_status_t hooks_locked(cubuf_resource_t *res, cubuf_buffer_t *rec,
-                                                             cubuf_hook_op_t op, cubuf_hook_op_t undo)
-{
-    for (cubuf_resource_t *r = res; r && (r == res || !r->vt->raw_keeps_buffer); r = r->upstream) {
-        if (!r->vt->hook) continue;
-        cubuf_status_t st = r->vt->hook(r, rec, op);
-        if (st == CUBUF_SUCCESS) continue;
-        for (cubuf_resource_t *q = res; q != r; q = q->upstream)
-            if (q->vt->hook) (void)q->vt->hook(q, rec, undo);
-        return st;
-    }
-    return CUBUF_SUCCESS;
-}
-
-/* The same in a critical section of its own (a free's TAKE, a failed free's PUT_BACK). */
-static cubuf_status_t hooks(cubuf_resource_t *res, cubuf_buffer_t *rec, cubuf_hook_op_t op, cubuf_hook_op_t undo)
-{
-    cubuf__resource_lock(res);
-    cubuf_status_t st = hooks_locked(res, rec, op, undo);
-    cubuf__resource_unlock(res);
-    return st;
-}
-
 /* One layer's step of an allocation, uncounted: a cap's admission, then the
  * resource's allocate. rec->size > 0 and rec->dealloc are set. */
 static inline __attribute__((always_inline)) cubuf_status_t
@@ -263,12 +238,6 @@ allocate_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, CUstream stream, bo
     cubuf_status_t st = allocate_step(res, rec, stream, in_ctx, charge);
     if (__builtin_expect(st != CUBUF_SUCCESS, 0)) return st;
     cubuf__resource_lock(res);
-    if (__builtin_expect(res->hooked, 0) &&
-        (st = hooks_locked(res, rec, CUBUF_HOOK_ADD, CUBUF_HOOK_DROP)) != CUBUF_SUCCESS) {
-        cubuf__resource_unlock(res);
-        cubuf__layer_undo(res, rec); /* uncounted, as it was made */
-        return st;
-    }
     count_layers_locked(res, +1, asked, rec->size, charge);
     res->refs += hold;
     cubuf__resource_unlock(res);
@@ -282,18 +251,10 @@ free_counted(cubuf_resource_t *res, cubuf_buffer_t *rec, const cubuf_stream_toke
              cubuf_charge_t *charge)
 {
     const size_t size = rec->size;
-    cubuf_status_t st;
-    if (__builtin_expect(res->hooked, 0) &&
-        (st = hooks(res, rec, CUBUF_HOOK_TAKE, CUBUF_HOOK_PUT_BACK)) != CUBUF_SUCCESS)
-        return st;
     *charge = (cubuf_charge_t){size, 1};
-    st = res->vt->deallocate(res, rec, token, charge);
-    if (__builtin_expect(st != CUBUF_SUCCESS, 0)) {
-        if (res->hooked) (void)hooks(res, rec, CUBUF_HOOK_PUT_BACK, CUBUF_HOOK_PUT_BACK);
-        return st;
-    }
+    cubuf_status_t st = res->vt->deallocate(res, rec, token, charge);
+    if (st != CUBUF_SUCCESS) return st;
     cubuf__resource_lock(res);
-    if (__builtin_expect(res->hooked, 0)) (void)hooks_locked(res, rec, CUBUF_HOOK_DROP, CUBUF_HOOK_DROP);
     count_layers_locked(res, -1, size, size, charge);
     bool last = unhold && --res->refs == 0;
     cubuf__resource_unlock(res);

@@ -32,14 +32,6 @@ typedef struct cubuf_charge {
  * deallocate: frees buf's memory ordered on `token`. It may refuse (the
  * allocation stays) by returning an error before changing anything.
  * Both may change *charge (preset to {buf->size, 1}). */
-/* What a layer's hook (vtbl hook) is told, with the stack's lock held. */
-typedef enum cubuf_hook_op {
-    CUBUF_HOOK_ADD,      /* rec was allocated; may fail, for want of memory only (the allocation is undone) */
-    CUBUF_HOOK_TAKE,     /* rec is about to be freed; refuses memory the layer did not hand out */
-    CUBUF_HOOK_PUT_BACK, /* undoes a TAKE (the free failed, or a layer below refused it) */
-    CUBUF_HOOK_DROP,     /* rec was freed after a TAKE, or an ADD is undone; cannot fail */
-} cubuf_hook_op_t;
-
 typedef struct cubuf_resource_vtbl {
     const char *name; /* "device pool", ...: for messages */
     cubuf_status_t (*allocate)(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
@@ -74,14 +66,6 @@ typedef struct cubuf_resource_vtbl {
      * the failure callback): its allocations are counted by its upstream,
      * whose figures reading its statistics gives (cubuf__stats_owner). */
     bool passes_stats;
-    /* Optional: per-allocation state an adaptor keeps under the stack's
-     * lock (the tracker's map), so that it costs no critical section of its
-     * own. The top of the stack calls the hooks of the layers it counts, top
-     * first: ADD in the section that counts an allocation; TAKE in one of
-     * its own before a free (a refusal frees nothing), then DROP in the
-     * section that counts the free, or PUT_BACK when it failed. A failed ADD
-     * (DROP) or TAKE (PUT_BACK) is undone in the layers above it. */
-    cubuf_status_t (*hook)(cubuf_resource_t *res, cubuf_buffer_t *rec, cubuf_hook_op_t op);
 } cubuf_resource_vtbl_t;
 
 /* ---- the resource ---------------------------------------------------------- */
@@ -114,7 +98,6 @@ struct cubuf_resource {
     atomic_bool *lock;
     atomic_bool own_lock;
     cubuf_resource_t *upstream; /* adaptors: the resource below (retained by the adaptor) */
-    bool hooked;                /* this layer or one it counts below has a hook (vtbl hook) */
     size_t refs; /* holders: callers and open buffers */
     cubuf_tally_t tally;
     cubuf_scope_t *scope; /* innermost pushed scope or NULL (statistics adaptors) */
