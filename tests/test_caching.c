@@ -573,6 +573,64 @@ static void test_framework_set(void)
     cubuf_resource_release(up);
 }
 
+/* CuPy's free passes no size: cubuf keeps each live pointer's. A free the
+ * upstream fails keeps the pointer (a second free frees it, with its size);
+ * a pointer it never handed out frees nothing; an allocation whose size
+ * cannot be recorded is given back. Each failure warns. */
+typedef struct warnings {
+    int n;
+    char last[256];
+} warnings_t;
+
+static void count_warning(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)st;
+    warnings_t *w = user;
+    w->n++;
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
+static void test_cupy_failures(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up = make_up(&u);
+    T_OK(cubuf_framework_set_resource(7, up));
+    warnings_t w = {0};
+    cubuf_set_warning_handler(count_warning, &w);
+    void *p = cubuf_cupy_malloc(NULL, 300, 7);
+    T_CHECK(p != NULL && u.live == 1);
+    u.fail_at = u.calls + 1; /* the free's upstream call */
+    cubuf_cupy_free(NULL, p, 7);
+    T_CHECK(w.n == 1 && u.live == 1 && strstr(w.last, "not freed"));
+    cubuf_cupy_free(NULL, p, 7); /* still known, with its size */
+    T_CHECK(w.n == 1 && u.live == 0 && u.deallocs == 1 && u.last_dealloc_size == 300);
+    cubuf_cupy_free(NULL, p, 7); /* gone now */
+    T_CHECK(w.n == 2 && u.deallocs == 1 && strstr(w.last, "not allocated by cubuf_cupy_malloc"));
+    /* A table that cannot grow: a new shard's first insert fails. */
+    void *kept[256];
+    int nkept = 0;
+    bool refused = false;
+    while (!refused && nkept < 256) {
+        const long live = u.live;
+        cubuf_fault_fail_alloc_nth(1);
+        void *q = cubuf_cupy_malloc(NULL, 64, 7);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        if (fired) {
+            T_CHECK(q == NULL && u.live == live); /* the memory went back */
+            refused = true;
+        } else {
+            T_CHECK(q != NULL);
+            kept[nkept++] = q;
+        }
+    }
+    T_CHECK(refused);
+    for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
+    T_CHECK(u.live == 0 && w.n == 2);
+    cubuf_set_warning_handler(NULL, NULL);
+    cubuf_resource_release(up); /* the slot keeps it for the process */
+}
+
 int main(void)
 {
     test_classes();
@@ -584,5 +642,6 @@ int main(void)
     test_faults();
     test_threads();
     test_framework_set();
+    test_cupy_failures();
     return t_finish("test_caching");
 }
