@@ -210,6 +210,12 @@ static void piece_clock(void *p)
     *(volatile long *)p = t.tv_nsec;
 }
 
+#if defined(__x86_64__)
+/* The processor's time-stamp counter: what a log stamped in ticks (and
+ * converted to time when written) would pay per event instead. */
+static void piece_tsc(void *p) { *(volatile unsigned long long *)p = __builtin_ia32_rdtsc(); }
+#endif
+
 static void bench_pieces(bench_env_t *env)
 {
     bench_section("the pieces of an allocate + free, absolute (informational)");
@@ -231,6 +237,10 @@ static void bench_pieces(bench_env_t *env)
     printf("  an uncontended spin lock + unlock (one atomic read-modify-write): %.1f ns\n",
            piece_ns(piece_lock, NULL, n));
     printf("  clock_gettime(CLOCK_MONOTONIC): %.1f ns\n", piece_ns(piece_clock, &sink, n));
+#if defined(__x86_64__)
+    unsigned long long ticks = 0;
+    printf("  rdtsc (the time-stamp counter alone): %.1f ns\n", piece_ns(piece_tsc, &ticks, n));
+#endif
     cubuf_resource_release(user);
 }
 

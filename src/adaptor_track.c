@@ -90,7 +90,7 @@ static cubuf_status_t track_deallocate(cubuf_resource_t *res, cubuf_buffer_t *bu
                            found ? " of that size" : " (or another thread is freeing it)");
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
     if (st == CUBUF_SUCCESS) {
-        free(e.b);
+        if (e.b) free(e.b); /* backtraces only: no call into libc per free without them */
         return st;
     }
     shard_lock(s); /* still outstanding */
