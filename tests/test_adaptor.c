@@ -849,6 +849,7 @@ static void test_tracker_failed_free(void)
 typedef struct again_up {
     host_up_t h;
     cubuf_resource_t *tr;
+    bool tried; /* the nested free once only: a tracker that let it through must not recurse */
     cubuf_status_t second;
     char detail[256];
 } again_up_t;
@@ -856,8 +857,11 @@ typedef struct again_up {
 static cubuf_status_t again_free(void *state, CUdeviceptr p, size_t size, CUstream s)
 {
     again_up_t *a = state;
-    a->second = cubuf_resource_deallocate_raw(a->tr, p, size, NULL);
-    snprintf(a->detail, sizeof a->detail, "%s", cubuf_last_error());
+    if (!a->tried) {
+        a->tried = true;
+        a->second = cubuf_resource_deallocate_raw(a->tr, p, size, NULL);
+        snprintf(a->detail, sizeof a->detail, "%s", cubuf_last_error());
+    }
     return up_free(&a->h, p, size, s);
 }
 

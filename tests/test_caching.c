@@ -575,8 +575,9 @@ static void test_framework_set(void)
 
 /* CuPy's free passes no size: cubuf keeps each live pointer's. A free the
  * upstream fails keeps the pointer (a second free frees it, with its size);
- * a pointer it never handed out frees nothing; an allocation whose size
- * cannot be recorded is given back. Each failure warns. */
+ * a pointer it never handed out frees nothing (both warn); an allocation
+ * whose size cannot be recorded is given back, and says why in the last
+ * error. */
 typedef struct warnings {
     int n;
     char last[256];
@@ -592,7 +593,7 @@ static void count_warning(cubuf_status_t st, const char *msg, void *user)
 
 static void test_cupy_failures(void)
 {
-    host_up_t u;
+    static host_up_t u; /* slot 7 keeps the resource, and so this state, for the process */
     cubuf_resource_t *up = make_up(&u);
     T_OK(cubuf_framework_set_resource(7, up));
     warnings_t w = {0};
@@ -618,6 +619,7 @@ static void test_cupy_failures(void)
         cubuf_fault_reset();
         if (fired) {
             T_CHECK(q == NULL && u.live == live); /* the memory went back */
+            T_CHECK(strstr(cubuf_last_error(), "cannot grow the pointer table") != NULL);
             refused = true;
         } else {
             T_CHECK(q != NULL);

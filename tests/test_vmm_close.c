@@ -1,7 +1,7 @@
 /* What a close of a virtual memory buffer waits for:
  *  - a close that unmaps nothing (the old buffer after a grow in place)
  *    returns while its deallocation stream is still held by a host function,
- *    and its stream may be destroyed right after it;
+ *    and its stream may be destroyed while the work queued on it waits;
  *  - the close that then unmaps that memory does not return before the work
  *    queued on the first stream has run: a copy out of the memory, queued
  *    behind the held host function, reads back complete, and the context has
@@ -153,6 +153,12 @@ static void test_deferred_close(cubuf_resource_t *res, bool foreign)
     if (foreign) T_CU(cuCtxPushCurrent, other);
     T_CU(cuStreamDestroy, s);
     if (foreign) T_CU(cuCtxPopCurrent, &popped);
+    /* Under compute-sanitizer the destroy waited for the gate: the close
+     * below then cannot show that it waits, only that the data is intact. */
+    const bool held_at_close = !gate_is_open(&gate);
+    if (!held_at_close)
+        fprintf(stderr, "%s: the gate opened before the last close (the stream's destroy waited for "
+                        "it): that close's wait was not observed\n", what);
     T_OK(cubuf_buffer_close(g));
     /* The unmap waited for the held copy, which could only run once the gate opened. */
     T_CHECK(gate_is_open(&gate));
