@@ -16,6 +16,21 @@
 
 static int t_failures;
 
+/* The warnings cubuf reports, counted (cubuf_set_warning_handler(t_warning,
+ * &w)): how many, the first and the last. */
+typedef struct t_warnings {
+    int n;
+    char first[512], last[512];
+} t_warnings_t;
+
+static inline void t_warning(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)st;
+    t_warnings_t *w = user;
+    if (w->n++ == 0) snprintf(w->first, sizeof w->first, "%s", msg);
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
 #define T_CHECK(cond)                                                                    \
     do {                                                                                 \
         if (!(cond)) {                                                                   \

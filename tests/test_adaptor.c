@@ -482,18 +482,6 @@ static void test_log_file(void)
 
 /* ---- tracking ---- */
 
-typedef struct warned {
-    int n;
-    char first[512];
-} warned_t;
-
-static void on_warning(cubuf_status_t st, const char *msg, void *user)
-{
-    (void)st;
-    warned_t *w = user;
-    if (w->n++ == 0) snprintf(w->first, sizeof w->first, "%s", msg);
-}
-
 static void test_tracking(void)
 {
     host_up_t h;
@@ -528,8 +516,8 @@ static void test_tracking(void)
     T_CHECK(n == 1 && bytes == 200);
     T_STATUS(cubuf_tracking_outstanding(up, &n, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
     /* Released with one outstanding: reported as a warning. */
-    warned_t w = {0, ""};
-    cubuf_set_warning_handler(on_warning, &w);
+    t_warnings_t w = {0};
+    cubuf_set_warning_handler(t_warning, &w);
     cubuf_resource_release(tr);
     cubuf_set_warning_handler(NULL, NULL);
     T_CHECK(w.n >= 2 && strstr(w.first, "1 allocation (200 bytes) outstanding"));

@@ -578,26 +578,13 @@ static void test_framework_set(void)
  * a pointer it never handed out frees nothing (both warn); an allocation
  * whose size cannot be recorded is given back, and says why in the last
  * error. */
-typedef struct warnings {
-    int n;
-    char last[256];
-} warnings_t;
-
-static void count_warning(cubuf_status_t st, const char *msg, void *user)
-{
-    (void)st;
-    warnings_t *w = user;
-    w->n++;
-    snprintf(w->last, sizeof w->last, "%s", msg);
-}
-
 static void test_cupy_failures(void)
 {
     static host_up_t u; /* slot 7 keeps the resource, and so this state, for the process */
     cubuf_resource_t *up = make_up(&u);
     T_OK(cubuf_framework_set_resource(7, up));
-    warnings_t w = {0};
-    cubuf_set_warning_handler(count_warning, &w);
+    t_warnings_t w = {0};
+    cubuf_set_warning_handler(t_warning, &w);
     void *p = cubuf_cupy_malloc(NULL, 300, 7);
     T_CHECK(p != NULL && u.live == 1);
     u.fail_at = u.calls + 1; /* the free's upstream call */
