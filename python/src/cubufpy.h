@@ -80,11 +80,11 @@ int cbp_resource_types_ready(PyObject *module);
  * built-in exception the pages name for the status. The message is
  * "<what>: <STATUS>: <cubuf's detail>". Returns NULL. */
 PyObject *cbp_fail(cubuf_status_t st, const char *what);
-/* cubuf.get_num_devices and Context.get_num_devices (METH_NOARGS). */
-PyObject *cbp_get_num_devices(PyObject *unused, PyObject *noargs);
 /* The same with the Python exception chosen by the caller (exc NULL: by status). */
 PyObject *cbp_fail_as(PyObject *exc, cubuf_status_t st, const char *what);
 extern PyObject *cbp_CUDAError, *cbp_CUDAWarning;
+/* cubuf.get_num_devices and Context.get_num_devices (METH_NOARGS). */
+PyObject *cbp_get_num_devices(PyObject *unused, PyObject *noargs);
 
 /* ---- arguments (module.c) ------------------------------------------------ */
 
