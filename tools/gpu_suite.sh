@@ -2,11 +2,11 @@
 # The GPU suite in one go: build, tests, tests under compute-sanitizer, cubuf
 # info, benchmarks, and the whole suite built with ASan+UBSan.
 # Usage: tools/gpu_suite.sh OUTDIR [parts...]
-# parts: build tests sanitize info bench asan (default: all of them). Logs go to OUTDIR.
+# parts: build tests sanitize pysanitize info bench asan (default: all of them). Logs go to OUTDIR.
 set -uo pipefail
-out=${1:?usage: gpu_suite.sh OUTDIR [build|tests|sanitize|info|bench|asan]...}
+out=${1:?usage: gpu_suite.sh OUTDIR [build|tests|sanitize|pysanitize|info|bench|asan]...}
 shift
-parts=${*:-build tests sanitize info bench asan}
+parts=${*:-build tests sanitize pysanitize info bench asan}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 build=build-gpu
@@ -79,6 +79,25 @@ if has sanitize; then
     echo "sanitize $name: exit $code ${summary#========= } ${leaks}"
     [ $code -eq 0 ] || [ $code -eq 77 ] || rc=1
   done
+fi
+if has pysanitize; then
+  # The pytest suite's GPU tests, interop included, under the sanitizer. At
+  # exit the frameworks still hold memory of their own (torch's and numba's
+  # caches): a leak is cubuf's when the first frame of its allocation
+  # backtrace lies in cubuf (libcubuf or the extension, which links it).
+  (cd python/tests && PYTHONPATH=../../$build/python timeout 400 compute-sanitizer --tool memcheck \
+     --leak-check full --report-api-errors no --target-processes all \
+     python3 -m pytest -q -p no:cacheprovider -m gpu .) >"$out/pysanitize.log" 2>&1
+  code=$?
+  grep -E "^[0-9]+ (passed|failed)|passed|ERROR SUMMARY|LEAK SUMMARY" "$out/pysanitize.log" | tail -3
+  awk '/Leaked [0-9,]+ bytes/ {n++; b=$3; gsub(",", "", b); first=1; next}
+       first && /Host Frame:/ {first=0; if ($0 ~ /libcubuf|_cubuf\./) {c++; cb+=b} else {o++; ob+=b}}
+       END {printf "pysanitize: %d leak record(s): %d made by cubuf (%d bytes), %d by others (%d bytes)\n", n, c, cb, o, ob}' \
+      "$out/pysanitize.log"
+  [ $code -eq 0 ] || rc=1
+  if awk '/Leaked/ {f=1; next} f && /Host Frame:/ {f=0; if ($0 ~ /libcubuf|_cubuf\./) bad=1} END {exit !bad}' "$out/pysanitize.log"; then
+    rc=1
+  fi
 fi
 if has bench; then
   for b in $build/bench/bench_*; do

@@ -1,7 +1,11 @@
 """Zero-copy interop with PyTorch, CuPy, Numba and JAX on a real GPU: writes
 through the consumer seen through the cubuf buffer and the reverse,
 lifetimes both ways, and the stream handoff of __dlpack__."""
+import gc
 import os
+import sys
+import time
+import types
 
 import pytest
 
@@ -16,11 +20,58 @@ pytestmark = [pytest.mark.gpu, pytest.mark.interop]
 N = 1 << 20
 
 
+MR = None  # the resource every device_buffer comes from, made on the first test
+
+
 def device_buffer(value, stream=None):
     s = stream or cubuf.default_stream()
-    b = cubuf.DeviceMemoryResource(0).allocate(N, stream=s)
+    b = MR.allocate(N, stream=s)
     b.fill(value, stream=s)
     return b
+
+
+@pytest.fixture(autouse=True)
+def buffers_released(request):
+    """Once a test's objects are gone, every buffer it made is released: a consumer's tensor, array or
+    capsule, or a stream handoff, that kept one past its test would be a leak. Frameworks may let go on
+    a thread of their own (JAX), so the check waits for that up to 5 s."""
+    global MR
+    if MR is None:
+        MR = cubuf.DeviceMemoryResource(0)
+    yield
+    # Under compute-sanitizer something outside cubuf (not reachable through gc) keeps the finished
+    # test's frame, and the frame its locals; plain pytest, and the same steps run as a script under
+    # the sanitizer, keep nothing. Clearing the frame drops what returning from the test drops.
+    code = request.function.__code__
+    for f in [o for o in gc.get_objects() if type(o) is types.FrameType and o.f_code is code]:
+        f.clear()
+    deadline = time.monotonic() + 5
+    while True:
+        gc.collect()
+        cubuf.default_stream().sync()
+        left = MR.stats["current_count"]
+        if left == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    if left:
+        pytest.fail(f"{left} buffer(s) of the test still allocated; {_holders()}")
+
+
+def _holders():
+    """Who refers to the live Python buffers (for the message of a failed check)."""
+    me = sys._getframe()
+    held = [o for o in gc.get_objects() if issubclass(type(o), cubuf.Buffer)]
+    lines = []
+    for b in held:
+        refs = []
+        for r in gc.get_referrers(b):
+            if r is held or r is me:
+                continue
+            refs.append(f"frame {r.f_code.co_name}:{r.f_lineno}" if type(r) is types.FrameType
+                        else type(r).__name__)
+        # getrefcount's argument, the loop's name and `held` are 3 of its references
+        lines.append(f"{sys.getrefcount(b) - 3} reference(s) from {refs}")
+    return f"{len(held)} live Python buffer(s): " + "; ".join(lines)
 
 
 # ---- PyTorch ----------------------------------------------------------------------
