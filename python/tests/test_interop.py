@@ -31,21 +31,16 @@ def device_buffer(value, stream=None):
 
 
 @pytest.fixture(autouse=True)
-def buffers_released(request):
+def buffers_released():
     """Once a test's objects are gone, every buffer it made is released: a consumer's tensor, array or
     capsule, or a stream handoff, that kept one past its test would be a leak. Frameworks may let go on
-    a thread of their own (JAX), so the check waits for that up to 5 s."""
+    a thread of their own (JAX), so the check waits for that up to 10 s."""
     global MR
     if MR is None:
         MR = cubuf.DeviceMemoryResource(0)
     yield
-    # Under compute-sanitizer something outside cubuf (not reachable through gc) keeps the finished
-    # test's frame, and the frame its locals; plain pytest, and the same steps run as a script under
-    # the sanitizer, keep nothing. Clearing the frame drops what returning from the test drops.
-    code = request.function.__code__
-    for f in [o for o in gc.get_objects() if type(o) is types.FrameType and o.f_code is code]:
-        f.clear()
-    deadline = time.monotonic() + 5
+    # (conftest.py's pytest_runtest_call has cleared the test's frame if something kept it)
+    deadline = time.monotonic() + 10
     while True:
         gc.collect()
         cubuf.default_stream().sync()
@@ -67,8 +62,16 @@ def _holders():
         for r in gc.get_referrers(b):
             if r is held or r is me:
                 continue
-            refs.append(f"frame {r.f_code.co_name}:{r.f_lineno}" if type(r) is types.FrameType
-                        else type(r).__name__)
+            if type(r) is types.FrameType:
+                refs.append(f"frame {r.f_code.co_name}:{r.f_lineno}")
+            elif type(r) is types.CellType:  # a closure's: name the function and who keeps it
+                fns = [f for t in gc.get_referrers(r) if type(t) is tuple for f in gc.get_referrers(t)
+                       if type(f) is types.FunctionType and f.__closure__ is t]
+                refs.append("cell of " + ", ".join(
+                    f"{f.__module__}.{f.__qualname__} kept by {[type(k).__name__ for k in gc.get_referrers(f) if k is not fns]}"
+                    for f in fns))
+            else:
+                refs.append(type(r).__name__)
         # getrefcount's argument, the loop's name and `held` are 3 of its references
         lines.append(f"{sys.getrefcount(b) - 3} reference(s) from {refs}")
     return f"{len(held)} live Python buffer(s): " + "; ".join(lines)
