@@ -30,6 +30,20 @@ def device_buffer(value, stream=None):
     return b
 
 
+def _count_drops_to(n, seconds=10):
+    """Whether MR's count of live buffers falls to n within `seconds` (a framework may let go on a
+    thread of its own)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        cubuf.default_stream().sync()
+        if MR.stats["current_count"] == n:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
 @pytest.fixture(autouse=True)
 def buffers_released():
     """Once a test's objects are gone, every buffer it made is released: a consumer's tensor, array or
@@ -40,16 +54,8 @@ def buffers_released():
         MR = cubuf.DeviceMemoryResource(0)
     yield
     # (conftest.py's pytest_runtest_call has cleared the test's frame if something kept it)
-    deadline = time.monotonic() + 10
-    while True:
-        gc.collect()
-        cubuf.default_stream().sync()
-        left = MR.stats["current_count"]
-        if left == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    if left:
-        pytest.fail(f"{left} buffer(s) of the test still allocated; {_holders()}")
+    if not _count_drops_to(0):
+        pytest.fail(f"{MR.stats['current_count']} buffer(s) of the test still allocated; {_holders()}")
 
 
 def _holders():
@@ -207,6 +213,11 @@ def test_jax_from_dlpack():
     j = jax.dlpack.from_dlpack(b)
     assert j.shape == (N,) and int(j[:4].sum()) == 48
     assert j.unsafe_buffer_pointer() == b.handle  # the same memory, not a copy
+    live = MR.stats["current_count"]
+    del b                                          # JAX's array keeps the memory
+    assert MR.stats["current_count"] == live and int(j[-4:].sum()) == 48
+    j.delete()                                     # JAX lets go of it: cubuf's DLPack deleter runs
+    assert _count_drops_to(live - 1), f"JAX's delete() left the buffer allocated ({len(jax.live_arrays())} live arrays)"
     arr = jax.numpy.arange(32, dtype=jax.numpy.int32)
     jb = cubuf.from_dlpack(arr)
     assert np.frombuffer(jb.copy_to_host(), dtype=np.int32).tolist() == list(range(32))
