@@ -90,10 +90,11 @@ if has pysanitize; then
      python3 -m pytest -q -p no:cacheprovider -m gpu .) >"$out/pysanitize.log" 2>&1
   code=$?
   grep -E "^[0-9]+ (passed|failed)|passed|ERROR SUMMARY|LEAK SUMMARY" "$out/pysanitize.log" | tail -3
+  # (records the sanitizer kept no backtrace for are counted apart)
   awk '/Leaked [0-9,]+ bytes/ {n++; b=$3; gsub(",", "", b); first=1; next}
        first && /Host Frame:/ {first=0; if ($0 ~ /libcubuf|_cubuf\./) {c++; cb+=b} else {o++; ob+=b}}
-       END {printf "pysanitize: %d leak record(s): %d made by cubuf (%d bytes), %d by others (%d bytes)\n", n, c, cb, o, ob}' \
-      "$out/pysanitize.log"
+       END {printf "pysanitize: %d leak record(s): %d made by cubuf (%d bytes), %d by others (%d bytes), " \
+                   "%d without a backtrace\n", n, c, cb, o, ob, n - c - o}' "$out/pysanitize.log"
   [ $code -eq 0 ] || rc=1
   if awk '/Leaked/ {f=1; next} f && /Host Frame:/ {f=0; if ($0 ~ /libcubuf|_cubuf\./) bad=1} END {exit !bad}' "$out/pysanitize.log"; then
     rc=1
