@@ -43,16 +43,21 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    """After a test that passed, its frame lets go of its locals. Under compute-sanitizer something
-    outside cubuf, and not reachable through gc, keeps every finished test's frame (plain pytest, and
-    the same steps run as a script under the sanitizer, keep none), and with it the test's buffers,
-    which the sanitizer then lists as leaked at exit. Clearing the frame drops what returning from the
-    test drops; a failed test keeps its frame for the report."""
+    """After a test function that passed, its own frame lets go of its locals, and the item records
+    that it passed (item.cubuf_passed, for checks made at teardown). Under compute-sanitizer the
+    finished test's frame stays alive with no Python object referring to it (likely the sanitizer's
+    own doing: it records Python frames in its host backtraces), and with it the test's buffers,
+    which the sanitizer then lists as leaked at exit; plain pytest keeps none. Clearing the frame
+    drops what returning from the test drops; a failed test keeps its frame for the report."""
     outcome = yield
+    item.cubuf_passed = outcome.excinfo is None
     code = getattr(getattr(item, "function", None), "__code__", None)
-    if outcome.excinfo is None and code is not None:
+    if item.cubuf_passed and code is not None:
         for f in [o for o in gc.get_objects() if type(o) is types.FrameType and o.f_code is code]:
-            f.clear()
+            try:
+                f.clear()
+            except RuntimeError:  # still executing (a recursive call): it is not the finished one
+                pass
 
 
 class Driver:
