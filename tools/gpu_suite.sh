@@ -113,7 +113,7 @@ PY
        /^=+ *$/ {first=0}
        first && /Host Frame:/ {first=0; if ($0 ~ /libcubuf|_cubuf\./) {c++; cb+=b} else {o++; ob+=b}}
        END {printf "pysanitize: %d leak record(s): %d made by cubuf (%.0f bytes), %d by others (%.0f bytes), " \
-                   "%d without a backtrace\n", n, c, cb, o, ob, n - c - o; exit c > 0}' "$out/pysanitize.log" || rc=1
+                   "%d without a backtrace\n", n, c, cb, o, ob, n - c - o; exit (c > 0)}' "$out/pysanitize.log" || rc=1
 fi
 if has bench; then
   for b in $build/bench/bench_*; do

@@ -58,7 +58,8 @@ def buffers_released(request):
     yield
     # (conftest.py's pytest_runtest_call has cleared the test's frame if something kept it)
     if getattr(request.node, "cubuf_passed", False) and not _count_drops_to(before):
-        pytest.fail(f"{MR.stats['current_count'] - before} buffer(s) of the test still allocated; {_holders()}")
+        left = MR.stats["current_count"] - before
+        pytest.fail(f"{left} buffer(s) of the test still allocated; {_holders()}")
 
 
 def _holders():
@@ -220,7 +221,7 @@ def test_jax_from_dlpack():
     del b                                          # JAX's array keeps the memory
     assert MR.stats["current_count"] == live and int(j[-4:].sum()) == 48
     j.delete()                                     # JAX lets go of it: cubuf's DLPack deleter runs
-    assert _count_drops_to(live - 1), f"JAX's delete() left the buffer allocated ({len(jax.live_arrays())} live arrays)"
+    assert _count_drops_to(live - 1), f"JAX's delete() left the buffer ({len(jax.live_arrays())} live arrays)"
     arr = jax.numpy.arange(32, dtype=jax.numpy.int32)
     jb = cubuf.from_dlpack(arr)
     assert np.frombuffer(jb.copy_to_host(), dtype=np.int32).tolist() == list(range(32))
