@@ -72,16 +72,8 @@ def _holders():
         for r in gc.get_referrers(b):
             if r is held or r is me:
                 continue
-            if type(r) is types.FrameType:
-                refs.append(f"frame {r.f_code.co_name}:{r.f_lineno}")
-            elif type(r) is types.CellType:  # a closure's: name the function and who keeps it
-                fns = [f for t in gc.get_referrers(r) if type(t) is tuple for f in gc.get_referrers(t)
-                       if type(f) is types.FunctionType and f.__closure__ is t]
-                keepers = [[type(k).__name__ for k in gc.get_referrers(f) if k is not fns] for f in fns]
-                refs.append("cell of " + ", ".join(f"{f.__module__}.{f.__qualname__} kept by {k}"
-                                                   for f, k in zip(fns, keepers)))
-            else:
-                refs.append(type(r).__name__)
+            refs.append(f"frame {r.f_code.co_name}:{r.f_lineno}" if type(r) is types.FrameType
+                        else type(r).__name__)
         # getrefcount's argument, the loop's name and `held` are 3 of its references
         lines.append(f"{sys.getrefcount(b) - 3} reference(s) from {refs}")
     return f"{len(held)} live Python buffer(s): " + "; ".join(lines)
