@@ -170,7 +170,7 @@ bool read_log(const char *path, std::vector<Event> &ev, long &nalloc)
     FILE *f = std::fopen(path, "r");
     if (!f) return false;
     struct Line {
-        long long time;
+        unsigned long long order;
         bool alloc;
         unsigned long long ptr;
         size_t size;
@@ -178,21 +178,21 @@ bool read_log(const char *path, std::vector<Event> &ev, long &nalloc)
     std::vector<Line> lines;
     char line[512];
     while (std::fgets(line, sizeof line, f)) {
+        unsigned long long order, ptr;
         long long t;
         int tid;
         void *stream;
         char op[16], status[48];
-        unsigned long long ptr;
         size_t size;
-        if (line[0] == '#' || std::sscanf(line, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &t, &tid, &stream, op,
-                                          &ptr, &size, status) != 7)
+        if (line[0] == '#' || std::sscanf(line, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &order, &t, &tid,
+                                          &stream, op, &ptr, &size, status) != 8)
             continue;
         if (std::string(status) != "CUBUF_SUCCESS" || size == 0) continue;
-        lines.push_back({t, op[0] == 'a', ptr, size});
+        lines.push_back({order, op[0] == 'a', ptr, size});
     }
     std::fclose(f);
-    /* A log's batches may come out of time order (cubuf/adaptor.h). */
-    std::stable_sort(lines.begin(), lines.end(), [](const Line &a, const Line &b) { return a.time < b.time; });
+    /* Lines of different threads may come out of order (cubuf/adaptor.h). */
+    std::stable_sort(lines.begin(), lines.end(), [](const Line &a, const Line &b) { return a.order < b.order; });
     std::unordered_map<unsigned long long, std::pair<long, size_t>> live;
     nalloc = 0;
     for (const Line &l : lines) {

@@ -1,31 +1,51 @@
 /* The logging adaptor: one line per allocate and free (cubuf/adaptor.h).
  *
- * The hot path stamps a small binary event with CLOCK_MONOTONIC and writes
- * it into one of a few shards, picked by thread, each under its own spin
- * lock. A full shard hands its batch to the adaptor's writer thread, which
- * formats it (by hand: snprintf would make the writer slower than the
- * threads it serves) and writes it. At most LOG_MAX_PENDING batches wait:
- * past that the thread that filled a shard writes everything itself, so a
- * program that allocates faster than its log can be written slows down
- * instead of growing without bound. A flush writes what is queued, then what
- * the shards hold. Lock order: the output lock, a shard, the queue. */
+ * The hot path takes no lock. Each thread writes small binary events into
+ * a ring of its own (one writer, one reader: the owner publishes with a
+ * release store, the reader frees space the same way). The only shared
+ * write is the order counter, one atomic add per free. Times come from the
+ * adaptor's writer thread, which stores the clock at least every
+ * millisecond while events come (a load on the hot path, not a clock
+ * read). The writer thread formats what the rings hold (by hand: snprintf
+ * would make it slower than the threads it serves) and writes it; a thread
+ * whose ring is half full wakes it, one whose ring is full writes the log
+ * itself, so memory stays bounded and a program that allocates faster than
+ * its log can be written slows down.
+ *
+ * Order: a free takes its number from the counter before it asks the
+ * upstream; an allocation reads the counter after the upstream returned.
+ * An allocation that reuses freed memory runs after that free (the
+ * upstream's own synchronization orders them), so it reads a count past
+ * the free's number: allocations sort at 2 * count, frees at 2 * number + 1,
+ * and every thread's events come out in its own order.
+ *
+ * Rings are found through a small per-thread cache keyed by the adaptor's
+ * id (unique for the process's life, so a cache never names a dead
+ * adaptor's ring); on a miss, under ring_lock, a thread takes its own ring
+ * again, or one whose thread has exited, or a new one. Lock order: the
+ * output lock, ring_lock, q_lock. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "adaptor_base.h"
 
-#define LOG_SHARDS 16
-#define LOG_SHARD_EVENTS 4096
-#define LOG_MAX_PENDING 16
+#define LOG_RING 2048               /* events per thread, a power of two */
+#define LOG_CACHE 4                 /* adaptors a thread remembers its rings of */
+#define LOG_TICK_NS 1000000         /* the writer's clock period while events come */
+#define LOG_REST_NS 100000000       /* its period after LOG_QUIET_TICKS without one */
+#define LOG_QUIET_TICKS 100
+#define LOG_TICK_EVENTS 512         /* a long write stores the clock this often */
 
 enum { OP_ALLOCATE, OP_FREE };
 
 typedef struct log_event {
-    uint64_t stamp;
+    uint64_t order, time;
     CUstream stream;
     CUdeviceptr ptr;
     size_t size;
@@ -34,30 +54,49 @@ typedef struct log_event {
     int8_t status;
 } log_event_t;
 
-typedef struct log_shard {
-    atomic_bool lock;
-    size_t n;
-    log_event_t *ev; /* LOG_SHARD_EVENTS of them */
-} log_shard_t;
+typedef struct log_ring {
+    /* The owner's line. */
+    _Atomic uint64_t head; /* events written */
+    uint64_t tail_seen;    /* tail as last read */
+    uint64_t poked_at;     /* the tail_seen at which the writer was last woken */
+    uint64_t last_time;    /* times never go back within a thread */
+    int32_t tid;           /* the owner's (set under ring_lock when taken) */
+    char pad0[128 - 40];
+    /* The reader's line. */
+    _Atomic uint64_t tail; /* events written out */
+    struct log_ring *next; /* the adaptor's list, prepended under ring_lock */
+    char pad1[128 - 16];
+    log_event_t ev[LOG_RING];
+} log_ring_t;
 
-/* A full batch waiting for the writer, or a spare array (n unused). */
-typedef struct log_batch {
-    log_event_t *ev;
-    size_t n;
-    struct log_batch *next;
-} log_batch_t;
+/* What the last line had, kept by the writer: a time, a thread and a
+ * stream repeat from line to line (the time moves every millisecond), so
+ * their text is copied rather than made again. */
+typedef struct line_cache {
+    uint64_t time;
+    int32_t tid;
+    CUstream stream;
+    uint8_t time_len, tid_len, stream_len;
+    char time_text[24], tid_text[24], stream_text[24]; /* room for what the puts write */
+} line_cache_t;
 
 typedef struct log_adaptor {
+    _Atomic uint64_t frees; /* the order counter */
+    char pad0[120];
+    _Atomic uint64_t now; /* the writer's clock, 0 while it rests */
+    char pad1[120];
+    uint64_t id;
+    bool precise;
     FILE *file;
     cubuf_log_line_fn callback;
     void *user;
-    pthread_mutex_t out_lock; /* one writer at a time: batches go out in order */
-    log_shard_t shards[LOG_SHARDS];
-    pthread_mutex_t q_lock; /* the queue of full batches, the spare arrays, stop */
+    pthread_mutex_t out_lock; /* one writer at a time: the callback's calls never overlap */
+    line_cache_t cache;       /* under out_lock */
+    pthread_mutex_t ring_lock;
+    _Atomic(log_ring_t *) rings;
+    pthread_mutex_t q_lock; /* wake, stop */
     pthread_cond_t q_cond;
-    log_batch_t *pending, **pending_tail, *spares;
-    unsigned npending; /* batches in pending */
-    bool stop, writer_started;
+    bool wake, stop, writer_started;
     pthread_t writer;
 } log_adaptor_t;
 
@@ -68,147 +107,290 @@ static int64_t mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* CLOCK_MONOTONIC itself (the vDSO, about 20 ns): one clock for every
- * thread, so stamps order events across threads and need no conversion. */
-static inline uint64_t stamp_now(void) { return (uint64_t)mono_ns(); }
+static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size_t n);
+static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads);
 
-static void shard_lock(log_shard_t *s) { cubuf__spin_lock(&s->lock); }
-static void shard_unlock(log_shard_t *s) { cubuf__spin_unlock(&s->lock); }
+/* ---- finding the thread's ring ---- */
 
-static cubuf_status_t flush(log_adaptor_t *l);
+typedef struct ring_slot {
+    uint64_t id;
+    log_ring_t *ring;
+} ring_slot_t;
 
-/* Hands a shard's batch to the writer and gives the shard a fresh array;
- * false when no array can be had, or (`bounded`) LOG_MAX_PENDING batches
- * wait already: the caller writes instead. The shard's lock is held. */
-static bool hand_over(log_adaptor_t *l, log_shard_t *s, bool bounded)
+static _Thread_local ring_slot_t tls_rings[LOG_CACHE];
+static _Thread_local unsigned tls_next_slot;
+
+static bool thread_gone(int32_t tid)
 {
-    log_batch_t *b = NULL;
-    pthread_mutex_lock(&l->q_lock);
-    const bool full = bounded && l->npending >= LOG_MAX_PENDING;
-    if (!full && (b = l->spares)) l->spares = b->next;
-    pthread_mutex_unlock(&l->q_lock);
-    if (full) return false;
-    if (!b && (b = cubuf__malloc(sizeof *b)) && !(b->ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof *b->ev))) {
-        free(b);
-        b = NULL;
-    }
-    if (!b) return false;
-    log_event_t *fresh = b->ev;
-    b->ev = s->ev;
-    b->n = s->n;
-    b->next = NULL;
-    s->ev = fresh;
-    s->n = 0;
-    pthread_mutex_lock(&l->q_lock);
-    *l->pending_tail = b;
-    l->pending_tail = &b->next;
-    l->npending++;
-    pthread_cond_signal(&l->q_cond);
-    pthread_mutex_unlock(&l->q_lock);
-    return true;
+    const int e = errno;
+    const bool gone = syscall(SYS_tgkill, (long)getpid(), (long)tid, 0L) != 0 && errno == ESRCH;
+    errno = e;
+    return gone;
 }
 
-/* `stamp`: an allocation's after it returned, a free's before it is asked
- * for, so a pointer freed and handed out again is logged freed first. */
-static void record(log_adaptor_t *l, uint8_t op, uint64_t stamp, const cubuf_stream_token_t *on,
-                   CUdeviceptr ptr, size_t size, cubuf_status_t st)
+/* The calling thread's ring, found or made under ring_lock; NULL when no
+ * memory can be had for one. */
+static log_ring_t *ring_slow(log_adaptor_t *l)
 {
     const int32_t tid = cubuf__adaptor_thread_id();
-    log_shard_t *s = &l->shards[(unsigned)tid % LOG_SHARDS];
-    for (;;) {
-        shard_lock(s);
-        if (__builtin_expect(s->n < LOG_SHARD_EVENTS, 1) || hand_over(l, s, true)) break;
-        shard_unlock(s);
-        if (flush(l) != CUBUF_SUCCESS)
-            cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a flush failed; its events are lost");
+    pthread_mutex_lock(&l->ring_lock);
+    log_ring_t *first = atomic_load_explicit(&l->rings, memory_order_relaxed), *r = first;
+    while (r && r->tid != tid) r = r->next;
+    for (log_ring_t *x = first; !r && x; x = x->next)
+        if (thread_gone(x->tid)) { /* its thread wrote its last event before it exited */
+            r = x;
+            r->tid = tid;
+        }
+    if (!r && (r = cubuf__malloc(sizeof *r))) {
+        memset(r, 0, offsetof(log_ring_t, ev));
+        r->tid = tid;
+        r->next = first;
+        atomic_store_explicit(&l->rings, r, memory_order_release);
     }
-    log_event_t *e = &s->ev[s->n++];
-    e->stamp = stamp;
-    e->stream = on->stream;
-    e->ptr = ptr;
-    e->size = size;
-    e->tid = tid;
-    e->op = op;
-    e->status = (int8_t)st;
-    shard_unlock(s);
+    pthread_mutex_unlock(&l->ring_lock);
+    if (r) {
+        r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+        r->poked_at = UINT64_MAX;
+        tls_rings[tls_next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
+    }
+    return r;
+}
+
+static inline log_ring_t *ring_of(log_adaptor_t *l)
+{
+    for (int i = 0; i < LOG_CACHE; i++)
+        if (tls_rings[i].id == l->id) return tls_rings[i].ring;
+    return ring_slow(l);
+}
+
+/* ---- the hot path ---- */
+
+static void poke(log_adaptor_t *l)
+{
+    pthread_mutex_lock(&l->q_lock);
+    l->wake = true;
+    pthread_cond_signal(&l->q_cond);
+    pthread_mutex_unlock(&l->q_lock);
+}
+
+static void write_here(log_adaptor_t *l, log_event_t *one)
+{
+    pthread_mutex_lock(&l->out_lock);
+    cubuf_status_t st = write_rings(l, false, NULL);
+    if (one && st == CUBUF_SUCCESS) st = write_events(l, one, 1);
+    pthread_mutex_unlock(&l->out_lock);
+    if (st != CUBUF_SUCCESS)
+        cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed; its events are lost: %s",
+                    cubuf_last_error());
+}
+
+/* The ring is at least half full as last seen: read the tail again; wake
+ * the writer once per tail it has left; when full, write the log here. */
+static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
+{
+    r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+    if (h - r->tail_seen < LOG_RING / 2) return;
+    if (r->poked_at != r->tail_seen) {
+        r->poked_at = r->tail_seen;
+        poke(l);
+    }
+    if (h - r->tail_seen < LOG_RING) return;
+    write_here(l, NULL);
+    r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+}
+
+static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream, CUdeviceptr ptr,
+                   size_t size, cubuf_status_t st)
+{
+    log_ring_t *r = ring_of(l);
+    uint64_t t = l->precise ? 0 : atomic_load_explicit(&l->now, memory_order_relaxed);
+    if (__builtin_expect(!t, 0)) t = (uint64_t)mono_ns(); /* precise, or the writer rests */
+    if (__builtin_expect(!r, 0)) {
+        log_event_t e = {order, t, stream, ptr, size, cubuf__adaptor_thread_id(), op, (int8_t)st};
+        write_here(l, &e);
+        return;
+    }
+    const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
+    if (__builtin_expect(h - r->tail_seen >= LOG_RING / 2, 0)) make_room(l, r, h);
+    if (t < r->last_time) t = r->last_time;
+    r->last_time = t;
+    r->ev[h & (LOG_RING - 1)] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int8_t)st};
+    atomic_store_explicit(&r->head, h + 1, memory_order_release);
 }
 
 static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                    bool in_ctx, cubuf_charge_t *charge)
 {
+    log_adaptor_t *l = res->impl;
     cubuf_status_t st = cubuf__adaptor_up_allocate(res, buf, stream, in_ctx, charge);
-    record(res->impl, OP_ALLOCATE, stamp_now(), &buf->dealloc, st == CUBUF_SUCCESS ? buf->ptr : 0,
-           buf->size, st);
+    /* Relaxed is enough: a free whose memory this reuses happened before
+     * (through the upstream), and coherence then shows its count. */
+    const uint64_t seen = atomic_load_explicit(&l->frees, memory_order_relaxed);
+    record(l, OP_ALLOCATE, 2 * seen, buf->dealloc.stream, st == CUBUF_SUCCESS ? buf->ptr : 0, buf->size,
+           st);
     return st;
 }
 
 static cubuf_status_t log_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
-    const uint64_t stamp = stamp_now();
+    log_adaptor_t *l = res->impl;
+    /* Before the upstream frees: its release orders this add before any reuse. */
+    const uint64_t number = atomic_fetch_add_explicit(&l->frees, 1, memory_order_relaxed);
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
-    record(res->impl, OP_FREE, stamp, token, buf->ptr, buf->size, st);
+    record(l, OP_FREE, 2 * number + 1, token->stream, buf->ptr, buf->size, st);
     return st;
 }
 
-/* ---- flushing ---- */
+/* ---- formatting ---- */
 
-static int by_stamp(const void *a, const void *b)
+static const char two_digits[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                 "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                 "8081828384858687888990919293949596979899";
+
+/* Fields are made in registers and stored 8 bytes at a time, p advancing
+ * by the field's length: what a store writes past the field, the next
+ * field overwrites, and a line has room past its end (LOG_LINE_MAX). The
+ * words are little-endian: the first character in the lowest byte. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the log's formatting assumes a little-endian machine"
+#endif
+
+/* The decimal digits of v (1 to 20). */
+static inline int dec_digits(uint64_t v)
 {
-    const log_event_t *x = a, *y = b;
-    return x->stamp < y->stamp ? -1 : x->stamp > y->stamp ? 1 : 0;
+    static const uint64_t pow10[20] = {1,
+                                       10,
+                                       100,
+                                       1000,
+                                       10000,
+                                       100000,
+                                       1000000,
+                                       10000000,
+                                       100000000,
+                                       1000000000,
+                                       10000000000ull,
+                                       100000000000ull,
+                                       1000000000000ull,
+                                       10000000000000ull,
+                                       100000000000000ull,
+                                       1000000000000000ull,
+                                       10000000000000000ull,
+                                       100000000000000000ull,
+                                       1000000000000000000ull,
+                                       10000000000000000000ull};
+    const int guess = ((64 - __builtin_clzll(v | 1)) * 1233) >> 12; /* log10 of 2^bits */
+    return guess + 1 - (guess > 0 && v < pow10[guess]); /* 0 has one digit too */
 }
 
-/* The line's fields, formatted as printf's %llu, %d, %p, %s and 0x%llx would. */
-static char *put_u64(char *p, uint64_t v)
+static inline uint64_t pair_word(uint32_t v) /* v < 100: its two digits */
 {
-    char t[20];
-    int n = 0;
-    do t[n++] = (char)('0' + v % 10);
-    while ((v /= 10));
-    while (n) *p++ = t[--n];
-    return p;
+    uint16_t w;
+    memcpy(&w, two_digits + 2 * v, 2);
+    return w;
 }
-static char *put_i32(char *p, int32_t v)
+
+/* v < 10^8 as the 8 characters of its digits, leading zeros included. */
+static inline uint64_t digits8(uint32_t v)
 {
-    if (v < 0) *p++ = '-';
-    return put_u64(p, v < 0 ? -(uint64_t)(int64_t)v : (uint64_t)v);
+    const uint32_t hi = v / 10000, lo = v % 10000;
+    return pair_word(hi / 100) | pair_word(hi % 100) << 16 | pair_word(lo / 100) << 32 |
+           pair_word(lo % 100) << 48;
 }
-static char *put_hex(char *p, uint64_t v)
+
+static inline char *put_word(char *p, uint64_t w, int n)
 {
-    char t[16];
-    int n = 0;
-    *p++ = '0';
-    *p++ = 'x';
-    do t[n++] = "0123456789abcdef"[v & 15];
-    while ((v >>= 4));
-    while (n) *p++ = t[--n];
-    return p;
+    memcpy(p, &w, 8);
+    return p + n;
 }
-static char *put_str(char *p, const char *str)
+
+/* v in decimal, as printf's %llu writes it. */
+static char *put_big(char *p, uint64_t v);
+static inline char *put_u64(char *p, uint64_t v)
 {
-    const size_t n = strlen(str);
+    if (__builtin_expect(v >= 100000000, 0)) return put_big(p, v);
+    const int n = dec_digits(v);
+    return put_word(p, digits8((uint32_t)v) >> (8 * (8 - n)), n);
+}
+static char *put_big(char *p, uint64_t v)
+{
+    p = put_u64(p, v / 100000000);
+    return put_word(p, digits8((uint32_t)(v % 100000000)), 8);
+}
+
+/* The 8 hex characters of v, most significant first. */
+static inline uint64_t hex8(uint32_t v)
+{
+    uint64_t x = v;
+    x = (x | x << 16) & 0x0000ffff0000ffffull;
+    x = (x | x << 8) & 0x00ff00ff00ff00ffull;
+    x = (x | x << 4) & 0x0f0f0f0f0f0f0f0full; /* a nibble a byte, the lowest first */
+    x = __builtin_bswap64(x);
+    const uint64_t letters = ((x + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+    return x + 0x3030303030303030ull + letters * ('a' - '0' - 10);
+}
+
+/* v in hex, as printf's 0x%llx writes it. */
+static inline char *put_hex(char *p, uint64_t v)
+{
+    const int n = v ? (67 - __builtin_clzll(v)) / 4 : 1;
+    p = put_word(p, 0x7830, 2); /* "0x" */
+    const uint64_t lo = hex8((uint32_t)v);
+    if (n <= 8) return put_word(p, lo >> (8 * (8 - n)), n);
+    p = put_word(p, hex8((uint32_t)(v >> 32)) >> (8 * (16 - n)), n - 8);
+    return put_word(p, lo, 8);
+}
+
+static inline char *put_str(char *p, const char *str, size_t n)
+{
     memcpy(p, str, n);
     return p + n;
 }
 
 /* One event's line, without its newline, into p (at most LOG_LINE_MAX
  * bytes); returns its end. */
-#define LOG_LINE_MAX 160
-static char *format_event(char *p, const log_event_t *e)
+#define LOG_LINE_MAX 192
+static char *format_event(char *p, const log_event_t *e, line_cache_t *c)
 {
-    p = put_u64(p, e->stamp);
+    static const char ok[] = "CUBUF_SUCCESS";
+    p = put_u64(p, e->order);
     *p++ = ',';
-    p = put_i32(p, e->tid);
+    if (e->time != c->time || !c->time_len) {
+        c->time = e->time;
+        c->time_len = (uint8_t)(put_u64(c->time_text, e->time) - c->time_text);
+    }
+    memcpy(p, c->time_text, sizeof c->time_text);
+    p += c->time_len;
     *p++ = ',';
-    p = e->stream ? put_hex(p, (uint64_t)(uintptr_t)e->stream) : put_str(p, "(nil)");
-    p = put_str(p, e->op == OP_ALLOCATE ? ",allocate," : ",free,");
+    if (e->tid != c->tid || !c->tid_len) {
+        char *t = c->tid_text;
+        if (e->tid < 0) *t++ = '-';
+        t = put_u64(t, e->tid < 0 ? -(uint64_t)(int64_t)e->tid : (uint64_t)e->tid);
+        c->tid = e->tid;
+        c->tid_len = (uint8_t)(t - c->tid_text);
+    }
+    memcpy(p, c->tid_text, sizeof c->tid_text);
+    p += c->tid_len;
+    *p++ = ',';
+    if (e->stream != c->stream || !c->stream_len) {
+        char *t = e->stream ? put_hex(c->stream_text, (uint64_t)(uintptr_t)e->stream)
+                            : put_str(c->stream_text, "(nil)", 5);
+        c->stream = e->stream;
+        c->stream_len = (uint8_t)(t - c->stream_text);
+    }
+    memcpy(p, c->stream_text, sizeof c->stream_text);
+    p += c->stream_len;
+    p = e->op == OP_ALLOCATE ? put_str(p, ",allocate,", 10) : put_str(p, ",free,", 6);
     p = put_hex(p, e->ptr);
     *p++ = ',';
     p = put_u64(p, e->size);
     *p++ = ',';
-    return put_str(p, cubuf_status_name((cubuf_status_t)e->status));
+    if (e->status == CUBUF_SUCCESS) return put_str(p, ok, sizeof ok - 1);
+    const char *name = cubuf_status_name((cubuf_status_t)e->status);
+    return put_str(p, name, strlen(name));
 }
+
+/* ---- writing ---- */
 
 static cubuf_status_t write_failed(void)
 {
@@ -225,97 +407,107 @@ static cubuf_status_t emit(log_adaptor_t *l, const char *line)
     return CUBUF_SUCCESS;
 }
 
-/* Writes n events in time order (a shard's are already, but for threads
- * sharing it); the output lock is held. A file gets them in large writes. */
-static cubuf_status_t write_events(log_adaptor_t *l, log_event_t *ev, size_t n)
+/* Writes n events, the output lock held. A file gets them in large writes
+ * (flushed by flush()). */
+static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size_t n)
 {
-    for (size_t i = 1; i < n; i++)
-        if (ev[i].stamp < ev[i - 1].stamp) {
-            qsort(ev, n, sizeof *ev, by_stamp);
-            break;
-        }
     char out[16 * 1024];
     size_t used = 0;
-    cubuf_status_t st = CUBUF_SUCCESS;
-    for (size_t i = 0; i < n && st == CUBUF_SUCCESS; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (l->callback) {
-            char line[LOG_LINE_MAX];
-            *format_event(line, &ev[i]) = '\0';
-            l->callback(l->user, line);
+            *format_event(out, &ev[i], &l->cache) = '\0';
+            l->callback(l->user, out);
             continue;
         }
-        char *end = format_event(out + used, &ev[i]);
+        char *end = format_event(out + used, &ev[i], &l->cache);
         *end++ = '\n';
         used = (size_t)(end - out);
         if (used > sizeof out - LOG_LINE_MAX) {
-            if (fwrite(out, 1, used, l->file) != used) st = write_failed();
+            if (fwrite(out, 1, used, l->file) != used) return write_failed();
             used = 0;
         }
     }
-    if (l->file && st == CUBUF_SUCCESS && used && fwrite(out, 1, used, l->file) != used) st = write_failed();
-    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS) st = write_failed();
-    return st;
+    if (used && fwrite(out, 1, used, l->file) != used) return write_failed();
+    return CUBUF_SUCCESS;
 }
 
-/* Writes the queued batches in order (the output lock is held), returning
- * their arrays to the spares. */
-static cubuf_status_t write_pending(log_adaptor_t *l)
+/* Writes what every ring holds, the output lock held; the space goes back
+ * to the ring's thread even where a write fails (those events are lost).
+ * The writer thread (`tick`) stores the clock every LOG_TICK_EVENTS
+ * events. `heads`, if set, gets the sum of the rings' heads. */
+static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads)
 {
-    pthread_mutex_lock(&l->q_lock);
-    log_batch_t *b = l->pending;
-    l->pending = NULL;
-    l->pending_tail = &l->pending;
-    l->npending = 0;
-    pthread_mutex_unlock(&l->q_lock);
     cubuf_status_t st = CUBUF_SUCCESS;
-    while (b) {
-        log_batch_t *next = b->next;
-        cubuf_status_t wst = write_events(l, b->ev, b->n);
-        if (st == CUBUF_SUCCESS) st = wst;
-        pthread_mutex_lock(&l->q_lock);
-        b->next = l->spares;
-        l->spares = b;
-        pthread_mutex_unlock(&l->q_lock);
-        b = next;
+    uint64_t sum = 0;
+    for (log_ring_t *r = atomic_load_explicit(&l->rings, memory_order_acquire); r; r = r->next) {
+        const uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
+        uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
+        sum += h;
+        while (t < h) {
+            const size_t at = (size_t)(t & (LOG_RING - 1));
+            size_t n = (size_t)(h - t);
+            if (n > LOG_RING - at) n = LOG_RING - at;
+            if (n > LOG_TICK_EVENTS) n = LOG_TICK_EVENTS;
+            cubuf_status_t wst = write_events(l, &r->ev[at], n);
+            if (st == CUBUF_SUCCESS) st = wst;
+            t += n;
+            atomic_store_explicit(&r->tail, t, memory_order_release);
+            if (tick) atomic_store_explicit(&l->now, (uint64_t)mono_ns(), memory_order_relaxed);
+        }
     }
+    if (heads) *heads = sum;
     return st;
 }
 
-/* The writer thread: writes batches as shards hand them over. */
+/* The writer thread: the clock every LOG_TICK_NS while events come (every
+ * LOG_REST_NS, with `now` 0, after a quiet spell), and what the rings hold. */
 static void *writer_main(void *arg)
 {
     log_adaptor_t *l = arg;
-    for (;;) {
-        pthread_mutex_lock(&l->q_lock);
-        while (!l->pending && !l->stop) pthread_cond_wait(&l->q_cond, &l->q_lock);
-        bool stop = l->stop && !l->pending;
+    uint64_t last_heads = 0;
+    unsigned quiet = 0;
+    bool resting = false;
+    pthread_mutex_lock(&l->q_lock);
+    while (!l->stop) {
+        if (!l->wake) {
+            struct timespec at;
+            clock_gettime(CLOCK_MONOTONIC, &at);
+            const long step = resting ? LOG_REST_NS : LOG_TICK_NS;
+            at.tv_nsec += step;
+            at.tv_sec += at.tv_nsec / 1000000000;
+            at.tv_nsec %= 1000000000;
+            pthread_cond_timedwait(&l->q_cond, &l->q_lock, &at);
+        }
+        l->wake = false;
         pthread_mutex_unlock(&l->q_lock);
-        if (stop) return NULL;
+        if (!resting) atomic_store_explicit(&l->now, (uint64_t)mono_ns(), memory_order_relaxed);
+        uint64_t heads = 0;
         pthread_mutex_lock(&l->out_lock);
-        if (write_pending(l) != CUBUF_SUCCESS)
-            cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed: %s", cubuf_last_error());
+        cubuf_status_t st = write_rings(l, !resting, &heads);
         pthread_mutex_unlock(&l->out_lock);
+        if (st != CUBUF_SUCCESS)
+            cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed: %s", cubuf_last_error());
+        if (heads != last_heads) {
+            last_heads = heads;
+            quiet = 0;
+            if (resting) atomic_store_explicit(&l->now, (uint64_t)mono_ns(), memory_order_relaxed);
+            resting = false;
+        } else if (!resting && ++quiet >= LOG_QUIET_TICKS) {
+            resting = true;
+            atomic_store_explicit(&l->now, 0, memory_order_relaxed);
+        }
+        pthread_mutex_lock(&l->q_lock);
     }
+    pthread_mutex_unlock(&l->q_lock);
+    return NULL;
 }
 
-/* Everything so far: the queued batches, then what the shards hold (each
- * handed over as a batch, or written in place when no array can be had). */
+/* Everything so far, then the file flushed. */
 static cubuf_status_t flush(log_adaptor_t *l)
 {
     pthread_mutex_lock(&l->out_lock);
-    cubuf_status_t st = write_pending(l);
-    for (int i = 0; i < LOG_SHARDS; i++) {
-        log_shard_t *s = &l->shards[i];
-        shard_lock(s);
-        if (s->n && !hand_over(l, s, false)) {
-            cubuf_status_t wst = write_events(l, s->ev, s->n);
-            if (st == CUBUF_SUCCESS) st = wst;
-            s->n = 0;
-        }
-        shard_unlock(s);
-    }
-    cubuf_status_t wst = write_pending(l);
-    if (st == CUBUF_SUCCESS) st = wst;
+    cubuf_status_t st = write_rings(l, false, NULL);
+    if (l->file && fflush(l->file) != 0 && st == CUBUF_SUCCESS) st = write_failed();
     pthread_mutex_unlock(&l->out_lock);
     return st;
 }
@@ -323,15 +515,14 @@ static cubuf_status_t flush(log_adaptor_t *l)
 /* Frees what a (partly) made adaptor holds besides the resource. */
 static void log_free(log_adaptor_t *l)
 {
-    for (int i = 0; i < LOG_SHARDS; i++) free(l->shards[i].ev);
-    for (log_batch_t *b = l->spares, *next; b; b = next) {
-        next = b->next;
-        free(b->ev);
-        free(b);
+    for (log_ring_t *r = atomic_load(&l->rings), *next; r; r = next) {
+        next = r->next;
+        free(r);
     }
     if (l->file) fclose(l->file);
     pthread_cond_destroy(&l->q_cond);
     pthread_mutex_destroy(&l->q_lock);
+    pthread_mutex_destroy(&l->ring_lock);
     pthread_mutex_destroy(&l->out_lock);
 }
 
@@ -364,6 +555,7 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
                                         cubuf_resource_t **out)
 {
     static const char what[] = "cubuf_log_adaptor_create";
+    static _Atomic uint64_t next_id = 1;
     CHECK_ARG(upstream && options && out, "%s: NULL argument", what);
     cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
     cubuf_status_t st = cubuf__struct_in(what, "cubuf_log_options_t", &o, sizeof o, options,
@@ -381,18 +573,21 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
         return st;
     }
     log_adaptor_t *l = res->impl;
+    l->id = atomic_fetch_add(&next_id, 1);
+    l->precise = o.precise_time;
     l->file = f;
     l->callback = o.callback;
     l->user = o.user;
     pthread_mutex_init(&l->out_lock, NULL);
+    pthread_mutex_init(&l->ring_lock, NULL);
     pthread_mutex_init(&l->q_lock, NULL);
-    pthread_cond_init(&l->q_cond, NULL);
-    l->pending_tail = &l->pending;
-    for (int i = 0; i < LOG_SHARDS && st == CUBUF_SUCCESS; i++)
-        if (!(l->shards[i].ev = cubuf__malloc(LOG_SHARD_EVENTS * sizeof(log_event_t))))
-            st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the event buffers", what);
-    if (st == CUBUF_SUCCESS)
-        st = emit(l, "# cubuf log 1: time_ns,thread,stream,operation,pointer,size,status");
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->q_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_store(&l->now, (uint64_t)mono_ns());
+    st = emit(l, "# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status");
     if (st == CUBUF_SUCCESS) {
         int e = pthread_create(&l->writer, NULL, writer_main, l);
         if (e) st = cubuf__fail(CUBUF_ERROR_SYSTEM, "%s: cannot start the writer thread: %s", what, strerror(e));

@@ -303,6 +303,7 @@ static void lines_free(lines_t *l)
 }
 
 typedef struct log_line {
+    unsigned long long order;
     long long time;
     int tid;
     void *stream;
@@ -314,8 +315,64 @@ typedef struct log_line {
 
 static bool parse(const char *s, log_line_t *e)
 {
-    return sscanf(s, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%39s", &e->time, &e->tid, &e->stream, e->op,
-                  &e->ptr, &e->size, e->status) == 7;
+    return sscanf(s, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%39s", &e->order, &e->time, &e->tid, &e->stream,
+                  e->op, &e->ptr, &e->size, e->status) == 8;
+}
+
+/* The successful events of a log, sorted by order, ties in the log's order. */
+typedef struct sorted_line {
+    log_line_t e;
+    size_t at;
+} sorted_line_t;
+
+static int by_order(const void *a, const void *b)
+{
+    const sorted_line_t *x = a, *y = b;
+    if (x->e.order != y->e.order) return x->e.order < y->e.order ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+static sorted_line_t *sorted_lines(const lines_t *l, size_t *n)
+{
+    sorted_line_t *v = calloc(l->n ? l->n : 1, sizeof *v);
+    *n = 0;
+    for (size_t i = 1; v && i < l->n; i++)
+        if (parse(l->v[i], &v[*n].e) && strcmp(v[*n].e.status, "CUBUF_SUCCESS") == 0) v[*n].at = i, (*n)++;
+    if (v) qsort(v, *n, sizeof *v, by_order);
+    return v;
+}
+
+/* In order, every pointer is allocated, freed, allocated, ... (a pointer
+ * the upstream hands out again, on any thread, comes after its free), and
+ * nothing is left allocated; `want` events succeeded. */
+static bool pointers_alternate(const lines_t *l, size_t want)
+{
+    size_t n = 0, cap = 64;
+    sorted_line_t *v = sorted_lines(l, &n);
+    while (cap < 4 * n) cap *= 2;
+    unsigned long long *live = calloc(cap, sizeof *live);
+    bool ok = v && live && n == want;
+    size_t outstanding = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const unsigned long long p = v[i].e.ptr;
+        size_t k = (size_t)(p * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+        for (; live[k]; k = (k + 1) & (cap - 1))
+            if (live[k] == p) break;
+        const bool alloc = strcmp(v[i].e.op, "allocate") == 0, was = live[k] == p;
+        if (alloc == was) {
+            printf("  order %llu: %s of 0x%llx, which is %s\n", v[i].e.order, v[i].e.op, p,
+                   was ? "allocated" : "not allocated");
+            ok = false;
+        } else if (alloc) {
+            live[k] = p, outstanding++;
+        } else { /* tombstone: a value no pointer has */
+            live[k] = 1, outstanding--;
+        }
+    }
+    ok = ok && outstanding == 0;
+    free(live);
+    free(v);
+    return ok;
 }
 
 static void test_log_callback(void)
@@ -338,7 +395,6 @@ static void test_log_callback(void)
     CUdeviceptr q = 0;
     T_STATUS(cubuf_resource_allocate_raw(lg, 77, NULL, &q), CUBUF_ERROR_OUT_OF_MEMORY);
     T_OK(cubuf_resource_deallocate_raw(lg, p, 123, (CUstream)(uintptr_t)0x80));
-    T_CHECK(got.n == 1); /* kept in memory until a flush */
     T_OK(cubuf_log_adaptor_flush(lg));
     T_CHECK(got.n == 4);
     log_line_t e[3];
@@ -351,6 +407,8 @@ static void test_log_callback(void)
         T_CHECK(strcmp(e[2].op, "free") == 0 && e[2].ptr == p && e[2].stream == (void *)0x80);
         T_CHECK(e[0].time <= e[1].time && e[1].time <= e[2].time && e[0].tid == e[2].tid &&
                 e[0].tid > 0);
+        /* Both allocations saw no free; the free is numbered after them. */
+        T_CHECK(e[0].order == 0 && e[1].order == 0 && e[2].order == 1);
     }
     T_STATUS(cubuf_log_adaptor_flush(up), CUBUF_ERROR_INVALID_ARGUMENT);
     /* More events than one thread's buffer holds: flushed as it fills. */
@@ -369,21 +427,25 @@ static void test_log_callback(void)
     T_CHECK(out > 4);
     cubuf_resource_release(lg); /* the last flush */
     T_CHECK(got.n == 4 + 10000);
+    /* One thread: its lines come out in its order, order and time never go back. */
     long long last = 0;
+    unsigned long long last_order = 0;
     bool ordered = true;
     for (size_t i = 4; i < got.n; i++) {
         log_line_t x;
-        if (!parse(got.v[i], &x) || x.time < last) ordered = false;
+        if (!parse(got.v[i], &x) || x.time < last || x.order < last_order) ordered = false;
         last = x.time;
+        last_order = x.order;
     }
     T_CHECK(ordered);
+    T_CHECK(pointers_alternate(&got, got.n - 2)); /* all but the failed allocation */
     T_CHECK(h.live == 0);
     lines_free(&got);
     cubuf_resource_release(up);
 }
 
-/* A writer slower than the program: past 16 waiting batches the thread
- * that fills a shard writes them itself (the backlog stays bounded), and
+/* A writer slower than the program: a thread whose ring is full writes
+ * the log itself (the log's memory stays bounded), and
  * every event still reaches the callback once. The writer thread writes a
  * line only while the program has made no event for 20 ms (it waits in a
  * write of its own) or is done, so it is the slower one on any machine;
@@ -441,6 +503,171 @@ static void test_log_backpressure(void)
     cubuf_resource_release(lg);
     T_CHECK(atomic_load(&s.lines) == header + 2 * pairs);
     T_CHECK(h.live == 0);
+    cubuf_resource_release(up);
+}
+
+/* Times: read at the event with precise_time (between the clock read
+ * before and after it), else the writer's (never after the event, never
+ * before the adaptor was made, never back within a thread). An options
+ * struct of the first version's size (no precise_time) is taken. */
+static long long mono_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void test_log_time(void)
+{
+    for (int precise = 0; precise < 3; precise++) {
+        host_up_t h;
+        cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+        lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+        cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+        o.callback = collect;
+        o.user = &got;
+        o.precise_time = precise == 1;
+        if (precise == 2) o.struct_size = CUBUF_LOG_OPTIONS_SIZE_V1;
+        const long long made = mono_now();
+        T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+        enum { N = 300 };
+        long long before[N], after[N];
+        for (int i = 0; i < N; i++) {
+            CUdeviceptr p = 0;
+            before[i] = mono_now();
+            T_OK(cubuf_resource_allocate_raw(lg, 32, NULL, &p));
+            after[i] = mono_now();
+            T_OK(cubuf_resource_deallocate_raw(lg, p, 32, NULL));
+            if (i % 100 == 99) usleep(3000); /* the writer's clock moves on */
+        }
+        T_OK(cubuf_log_adaptor_flush(lg));
+        T_CHECK(got.n == 1 + 2 * N);
+        int bad = 0;
+        long long last = 0;
+        for (int i = 0; i < N && got.n == 1 + 2 * N; i++) {
+            log_line_t e;
+            T_CHECK(parse(got.v[1 + 2 * i], &e) && strcmp(e.op, "allocate") == 0);
+            if (precise == 1 ? e.time < before[i] || e.time > after[i]
+                             : e.time < made || e.time > after[i] || e.time < last)
+                bad++;
+            last = e.time;
+        }
+        printf("  %s time: %d of %d allocations out of bounds\n", precise == 1 ? "precise" : "writer's",
+               bad, N);
+        T_CHECK(bad == 0);
+        cubuf_resource_release(lg);
+        lines_free(&got);
+        T_CHECK(h.live == 0);
+        cubuf_resource_release(up);
+    }
+}
+
+/* Threads that come and go: each logs through the adaptor and exits; the
+ * later ones take over the rings of those gone. Every event reaches the
+ * log once, in order per pointer. */
+typedef struct churn_job {
+    cubuf_resource_t *log;
+    cubuf_status_t st;
+} churn_job_t;
+
+static void *churn_worker(void *arg)
+{
+    churn_job_t *j = arg;
+    for (int i = 0; i < 500 && j->st == CUBUF_SUCCESS; i++) {
+        CUdeviceptr p = 0;
+        if ((j->st = cubuf_resource_allocate_raw(j->log, 64 + (size_t)i, NULL, &p)) == CUBUF_SUCCESS)
+            j->st = cubuf_resource_deallocate_raw(j->log, p, 64 + (size_t)i, NULL);
+    }
+    return NULL;
+}
+
+static void test_log_thread_churn(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = collect;
+    o.user = &got;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    for (int wave = 0; wave < 6; wave++) {
+        pthread_t th[4];
+        churn_job_t jobs[4];
+        for (int i = 0; i < 4; i++) {
+            jobs[i] = (churn_job_t){lg, CUBUF_SUCCESS};
+            T_CHECK(pthread_create(&th[i], NULL, churn_worker, &jobs[i]) == 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            T_OK(jobs[i].st);
+        }
+    }
+    cubuf_resource_release(lg);
+    T_CHECK(got.n == 1 + 6 * 4 * 1000);
+    T_CHECK(pointers_alternate(&got, 6 * 4 * 1000));
+    lines_free(&got);
+    T_CHECK(h.live == 0);
+    cubuf_resource_release(up);
+}
+
+/* Every field as printf writes it, across the digit counts: a resource
+ * that hands out the size as the pointer (never touched), sizes and
+ * streams at each power of ten and of two and next to them. */
+static cubuf_status_t fake_alloc(void *state, size_t size, CUstream s, CUdeviceptr *p)
+{
+    (void)state, (void)s;
+    *p = (CUdeviceptr)size;
+    return CUBUF_SUCCESS;
+}
+static cubuf_status_t fake_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    (void)state, (void)p, (void)size, (void)s;
+    return CUBUF_SUCCESS;
+}
+
+static void test_log_fields(void)
+{
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, fake_alloc, fake_free, NULL};
+    cubuf_resource_t *up = NULL, *lg = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, NULL, NULL, &up));
+    lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = collect;
+    o.user = &got;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    uint64_t v[3 * 64 + 3 * 20], n = 0;
+    for (uint64_t b = 1; b; b <<= 1) v[n++] = b - 1, v[n++] = b, v[n++] = b + 1;
+    uint64_t ten = 1;
+    for (int k = 0; k < 20; k++, ten *= 10) v[n++] = ten - 1, v[n++] = ten, v[n++] = ten + 1;
+    size_t made = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!v[i]) continue; /* no size 0, no pointer 0 */
+        CUdeviceptr p = 0;
+        const uint64_t sv = v[(i * 7) % n];
+        CUstream s = (CUstream)(uintptr_t)(sv > 2 ? sv : 0x40 + sv); /* 0, 1, 2 are default streams */
+        T_OK(cubuf_resource_allocate_raw(lg, (size_t)v[i], s, &p));
+        T_OK(cubuf_resource_deallocate_raw(lg, p, (size_t)v[i], s));
+        made++;
+    }
+    cubuf_resource_release(lg);
+    T_CHECK(got.n == 1 + 2 * made);
+    int bad = 0;
+    for (size_t i = 1; i < got.n; i++) {
+        log_line_t e;
+        char want[256];
+        if (!parse(got.v[i], &e)) {
+            bad++;
+            continue;
+        }
+        snprintf(want, sizeof want, "%llu,%lld,%d,%p,%s,0x%llx,%zu,%s", e.order, e.time, e.tid, e.stream,
+                 e.op, e.ptr, e.size, e.status);
+        if (strcmp(want, got.v[i]) != 0 || e.ptr != e.size) {
+            if (bad < 5) printf("  line %zu: %s, printf: %s\n", i, got.v[i], want);
+            bad++;
+        }
+    }
+    T_CHECK(bad == 0);
+    lines_free(&got);
     cubuf_resource_release(up);
 }
 
@@ -751,6 +978,8 @@ static void test_stack_threads(void)
         *prev = op;
     }
     T_CHECK(alternates);
+    /* Across the threads, in order: malloc hands freed memory to any thread. */
+    T_CHECK(pointers_alternate(&got, 2 * count));
     lines_free(&got);
     cubuf_resource_release(up);
 }
@@ -985,11 +1214,16 @@ static void test_log_reuse_order(void)
     T_OK(cubuf_resource_deallocate_raw(lg, r.again, 64, NULL));
     T_OK(cubuf_log_adaptor_flush(lg));
     T_CHECK(got.n == 5);
+    /* The nested allocation was written before the free that made it, and
+     * sorts after it. */
     static const char *const want[4] = {"allocate", "free", "allocate", "free"};
-    for (size_t i = 1; i < got.n && got.n == 5; i++) {
-        log_line_t e;
-        T_CHECK(parse(got.v[i], &e) && strcmp(e.op, want[i - 1]) == 0 && e.ptr == p);
-    }
+    size_t n = 0;
+    sorted_line_t *v = sorted_lines(&got, &n);
+    T_CHECK(v && n == 4);
+    for (size_t i = 0; v && i < n && n == 4; i++)
+        T_CHECK(strcmp(v[i].e.op, want[i]) == 0 && v[i].e.ptr == p && v[i].e.order == i);
+    free(v);
+    T_CHECK(pointers_alternate(&got, 4));
     cubuf_resource_release(lg);
     lines_free(&got);
     cubuf_resource_release(up);
@@ -1004,6 +1238,9 @@ int main(void)
     test_log_callback();
     test_log_backpressure();
     test_log_file();
+    test_log_fields();
+    test_log_time();
+    test_log_thread_churn();
     test_tracking();
     test_failure_callback();
     test_faults();

@@ -54,8 +54,8 @@ static int index_of(long *keys, int *n, int max, long key)
 
 /* One successful line of the log, as read. */
 typedef struct line_ev {
-    long long time;
-    long order; /* position in the file: ties keep it */
+    unsigned long long order; /* the log's order (a version 1 log's time) */
+    long at;                  /* position in the file: ties keep it */
     void *stream;
     unsigned long long ptr;
     size_t size;
@@ -63,11 +63,11 @@ typedef struct line_ev {
     bool alloc;
 } line_ev_t;
 
-static int by_time(const void *a, const void *b)
+static int by_order(const void *a, const void *b)
 {
     const line_ev_t *x = a, *y = b;
-    if (x->time != y->time) return x->time < y->time ? -1 : 1;
-    return x->order < y->order ? -1 : x->order > y->order;
+    if (x->order != y->order) return x->order < y->order ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
 }
 
 /* Live pointers -> the event that allocated them: open addressing, linear
@@ -124,9 +124,9 @@ static int fail_plan(FILE *f, line_ev_t *lines, live_map_t *m, plan_t *p, const 
     return 2;
 }
 
-/* Reads the log into a plan: its successful events sorted by time (a log's
- * batches may come out of order, cubuf/adaptor.h), allocations numbered,
- * each free naming its allocation. */
+/* Reads the log into a plan: its successful events sorted by order (lines
+ * of different threads may come out of order, cubuf/adaptor.h),
+ * allocations numbered, each free naming its allocation. */
 static int read_plan(const char *path, plan_t *p)
 {
     memset(p, 0, sizeof *p);
@@ -139,14 +139,23 @@ static int read_plan(const char *path, plan_t *p)
     line_ev_t *lines = NULL;
     long n = 0, cap = 0, lineno = 0, nalloc = 0;
     char line[512];
+    int version = 2;
     while (fgets(line, sizeof line, f)) {
         lineno++;
-        if (line[0] == '#' || line[0] == '\n') continue;
+        if (line[0] == '#') { /* "# cubuf log 1:" had no order field: its time orders it */
+            if (sscanf(line, "# cubuf log %d:", &version) == 1 && version != 1 && version != 2)
+                return fail_plan(f, lines, &m, p, "a log of a version this tool does not know");
+            continue;
+        }
+        if (line[0] == '\n') continue;
         line_ev_t e = {0, lineno, NULL, 0, 0, 0, false};
         char op[16], status[48];
-        if (sscanf(line, "%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.time, &e.tid, &e.stream, op, &e.ptr,
-                   &e.size, status) != 7 ||
-            (strcmp(op, "allocate") && strcmp(op, "free"))) {
+        long long time = 0;
+        const int got = version == 1 ? sscanf(line, "%llu,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.order, &e.tid,
+                                              &e.stream, op, &e.ptr, &e.size, status) + 1
+                                     : sscanf(line, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.order,
+                                              &time, &e.tid, &e.stream, op, &e.ptr, &e.size, status);
+        if (got != 8 || (strcmp(op, "allocate") && strcmp(op, "free"))) {
             fprintf(stderr, "cubuf replay: %s:%ld: not a log line: %s", path, lineno, line);
             return fail_plan(f, lines, &m, p, "the log cannot be read");
         }
@@ -166,7 +175,7 @@ static int read_plan(const char *path, plan_t *p)
     }
     fclose(f);
     f = NULL;
-    qsort(lines, (size_t)n, sizeof *lines, by_time);
+    qsort(lines, (size_t)n, sizeof *lines, by_order);
     size_t mcap = 64;
     while (mcap < 2 * (size_t)nalloc + 2) mcap *= 2;
     m.ptr = calloc(mcap, sizeof *m.ptr);

@@ -130,10 +130,10 @@ CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, 
 
 /** Receives one log line (no newline) at a write: on the adaptor's writer
  *  thread, or on the thread whose flush (cubuf_log_adaptor_flush, the last
- *  release, an event that finds no buffer or a full backlog) writes it, one
- *  call at a time. It must not allocate from or free to the same logging
- *  adaptor, nor wait for anything a thread allocating through it may hold
- *  (a full backlog makes that thread wait for the writes). */
+ *  release, an event that finds its thread's ring full or no memory for
+ *  one) writes it, one call at a time. It must not allocate from or free to
+ *  the same logging adaptor, nor wait for anything a thread allocating
+ *  through it may hold (a full ring makes that thread wait for the writes). */
 typedef void (*cubuf_log_line_fn)(void *user, const char *line);
 
 /** Options of a logging adaptor. Initialize with CUBUF_LOG_OPTIONS_INIT. */
@@ -142,30 +142,41 @@ typedef struct cubuf_log_options {
     const char *path;            /**< file to write (created or truncated), or NULL */
     cubuf_log_line_fn callback;  /**< or a function to receive the lines, or NULL */
     void *user;                  /**< passed to callback */
+    bool precise_time;           /**< read the clock at every event (see below) */
 } cubuf_log_options_t;
 
-#define CUBUF_LOG_OPTIONS_INIT {sizeof(cubuf_log_options_t), NULL, NULL, NULL}
+#define CUBUF_LOG_OPTIONS_INIT {sizeof(cubuf_log_options_t), NULL, NULL, NULL, false}
 #define CUBUF_LOG_OPTIONS_SIZE_V1 (offsetof(cubuf_log_options_t, user) + sizeof(void *))
 
 /**
  * A logging adaptor over `upstream`: one line per allocate and deallocate,
  *
- *     time_ns,thread,stream,operation,pointer,size,status
+ *     order,time_ns,thread,stream,operation,pointer,size,status
  *
- * (time in ns of CLOCK_MONOTONIC, the thread's kernel id, the stream as
- * given, "allocate" or "free", the pointer in hex, the size in bytes, the
- * status name; a failed allocation logs pointer 0x0), after one header line
- * starting with '#'. Exactly one of options->path and options->callback is
- * set. An allocation is stamped when it returns, a free before it is asked
- * for, so a pointer freed and handed out again appears freed first. Events
- * are kept in memory in shards (by thread) and written sorted by time, a
- * shard's batch by the adaptor's writer thread when it fills, the rest at a
- * flush (cubuf_log_adaptor_flush, the last release): lines of different
- * batches may therefore come out of time order; sort by the first field to
- * read a whole log in order (`cubuf replay LOG` does, README). At most 16
- * full batches wait for the writer thread: past that, the thread that fills
- * a shard writes them itself, so the log's memory stays bounded and a
- * program that allocates faster than its log can be written slows down.
+ * after one header line starting with '#'. `order` places the event among
+ * all the adaptor's events: sort the lines by it (ties keep their order in
+ * the log) to read them in the order the upstream saw them. An allocation
+ * is placed when it returns, a free before it is asked for, so a pointer
+ * freed and handed out again, on any thread, sorts freed first; each
+ * thread's events come out in its own order. `time_ns` is CLOCK_MONOTONIC
+ * in ns, as the adaptor's writer thread last read it (it reads it at least
+ * every millisecond while events come), so it may lag the event by about a
+ * millisecond and more on a busy machine; it never goes back within a
+ * thread. With options->precise_time every event reads the clock itself
+ * (20-50 ns each). Then the thread's kernel id, the stream as given,
+ * "allocate" or "free", the pointer in hex, the size in bytes, and the
+ * status name (a failed allocation logs pointer 0x0). Exactly one of
+ * options->path and options->callback is set.
+ *
+ * Each thread keeps its events in a ring of its own (2048 events, about
+ * 96 KiB, reused after the thread exits). The writer thread writes what
+ * the rings hold at least every millisecond and when a ring is half full;
+ * a thread whose ring is full writes the log itself, so the log's memory
+ * stays bounded and a program that allocates faster than its log can be
+ * written slows down. Lines of different threads may therefore interleave
+ * out of order (`cubuf replay LOG` sorts, README). A file is flushed at
+ * cubuf_log_adaptor_flush and at the last release. The writer thread wakes
+ * 1000 times a second while events come, 10 times after 100 ms without.
  * Returns CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer
  * thread cannot start).
  */
@@ -174,8 +185,7 @@ CUBUF_API cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream,
                                                   cubuf_resource_t **out);
 
 /**
- * Writes the events kept so far (the queued batches, then the rest, each
- * sorted by time) and flushes the file.
+ * Writes the events kept so far and flushes the file.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not a logging adaptor),
  * CUBUF_ERROR_SYSTEM (a write failed; the events are dropped).
  */
