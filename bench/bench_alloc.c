@@ -193,7 +193,7 @@ static void piece_get_current(void *p)
 
 /* What each adaptor layer's exact bookkeeping is made of: an uncontended
  * spin lock and unlock (one atomic read-modify-write), and a clock read
- * (the logging adaptor stamps every event). */
+ * (what a log with precise times pays per event). */
 static atomic_bool piece_lock_word;
 static void piece_lock(void *p)
 {
@@ -210,9 +210,30 @@ static void piece_clock(void *p)
     *(volatile long *)p = t.tv_nsec;
 }
 
+/* Bursts of 256 pairs through a logging adaptor, each followed by a
+ * flush: what a thread pays per pair while the writer keeps up (the
+ * adaptor row measures it sustained, where the writer's formatting bounds
+ * it), and what the flush pays per line it writes (`*line_ns`, when the
+ * burst went through the adaptor). Medians of 101 bursts, in ns. */
+static void drop_line(void *user, const char *line);
+static double log_burst_ns(cubuf_resource_t *res, cubuf_resource_t *flushed, double *line_ns)
+{
+    double t[101], f[101];
+    for (int r = 0; r < 101; r++) {
+        double t0 = bench_now();
+        for (int i = 0; i < 256; i++) piece_raw_pair(res);
+        double t1 = bench_now();
+        B_OK(cubuf_log_adaptor_flush(flushed));
+        t[r] = (t1 - t0) / 256 * 1e9;
+        f[r] = (bench_now() - t1) / 512 * 1e9;
+    }
+    if (line_ns) *line_ns = bench_median(f, 101);
+    return bench_median(t, 101);
+}
+
 #if defined(__x86_64__)
 /* The processor's time-stamp counter: what a log stamped in ticks (and
- * converted to time when written) would pay per event instead. */
+ * converted to time when written) would pay per event. */
 static void piece_tsc(void *p) { *(volatile unsigned long long *)p = __builtin_ia32_rdtsc(); }
 #endif
 
@@ -230,6 +251,19 @@ static void bench_pieces(bench_env_t *env)
            piece_ns(piece_bookkeeping, user, n));
     printf("  cubuf raw pair (allocate_raw + deallocate_raw, the same resource): %.1f ns\n",
            piece_ns(piece_raw_pair, user, n));
+    cubuf_log_options_t lo = CUBUF_LOG_OPTIONS_INIT;
+    lo.callback = drop_line;
+    cubuf_resource_t *lg = NULL;
+    B_OK(cubuf_log_adaptor_create(user, &lo, &lg));
+    double line_ns = 0;
+    const double burst_raw = log_burst_ns(user, lg, NULL), burst_log = log_burst_ns(lg, lg, &line_ns);
+    printf("  logging adaptor, bursts of 256 raw pairs with the writer keeping up: %.1f ns "
+           "(the user resource's %.1f ns, +%.1f)\n",
+           burst_log, burst_raw, burst_log - burst_raw);
+    printf("  logging adaptor, a flush after a burst: %.1f ns per line formatted and handed to the "
+           "callback (the writer thread's pace bounds the sustained row at two lines per pair)\n",
+           line_ns);
+    cubuf_resource_release(lg);
     printf("  cuStreamIsCapturing (a user stream): %.1f ns\n",
            piece_ns(piece_capture_query, env->stream, n));
     printf("  cuCtxGetCurrent: %.1f ns\n", piece_ns(piece_get_current, NULL, n));

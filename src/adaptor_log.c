@@ -8,9 +8,10 @@
  * millisecond while events come (a load on the hot path, not a clock
  * read). The writer thread formats what the rings hold (by hand: snprintf
  * would make it slower than the threads it serves) and writes it; a thread
- * whose ring is half full wakes it, one whose ring is full writes the log
- * itself, so memory stays bounded and a program that allocates faster than
- * its log can be written slows down.
+ * whose ring is half full wakes it, one whose ring is full waits for space,
+ * and writes the log itself when the writer frees none for a while (a slow
+ * callback), so memory stays bounded and a program that allocates faster
+ * than its log can be written slows down.
  *
  * Order: a free takes its number from the counter before it asks the
  * upstream; an allocation reads the counter after the upstream returned.
@@ -22,10 +23,11 @@
  * Rings are found through a small per-thread cache keyed by the adaptor's
  * id (unique for the process's life, so a cache never names a dead
  * adaptor's ring); on a miss, under ring_lock, a thread takes its own ring
- * again, or one whose thread has exited, or a new one. Lock order: the
- * output lock, ring_lock, q_lock. */
+ * again, or one whose thread has exited, or a new one. No lock is taken
+ * while another is held. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,10 @@
 #define LOG_TICK_NS 1000000         /* the writer's clock period while events come */
 #define LOG_REST_NS 100000000       /* its period after LOG_QUIET_TICKS without one */
 #define LOG_QUIET_TICKS 100
-#define LOG_TICK_EVENTS 512         /* a long write stores the clock this often */
+#define LOG_AHEAD 16                /* events ahead a thread asks for its ring's lines */
+#define LOG_CHUNK 64                /* a write frees ring space this often */
+#define LOG_TICK_CHUNKS 8           /* and a long one stores the clock this often */
+#define LOG_FULL_WAIT_NS 2000000    /* a full ring's wait for space before its thread writes */
 
 enum { OP_ALLOCATE, OP_FREE };
 
@@ -80,16 +85,22 @@ typedef struct line_cache {
     char time_text[24], tid_text[24], stream_text[24]; /* room for what the puts write */
 } line_cache_t;
 
+/* Grouped by who writes what, each group on lines of its own (a thread
+ * allocating reads the middle group at every event). */
 typedef struct log_adaptor {
-    _Atomic uint64_t frees; /* the order counter */
-    char pad0[120];
-    _Atomic uint64_t now; /* the writer's clock, 0 while it rests */
+    char pad0[128];
+    _Atomic uint64_t frees; /* the order counter: every free adds */
     char pad1[120];
+    _Atomic uint64_t now; /* the writer's clock, 0 while it rests */
+    char pad2[120];
+    /* Set at create. */
     uint64_t id;
     bool precise;
     FILE *file;
     cubuf_log_line_fn callback;
     void *user;
+    char pad3[128];
+    /* The writers' and the slow paths'. */
     pthread_mutex_t out_lock; /* one writer at a time: the callback's calls never overlap */
     line_cache_t cache;       /* under out_lock */
     pthread_mutex_t ring_lock;
@@ -135,13 +146,15 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
     const int32_t tid = cubuf__adaptor_thread_id();
     pthread_mutex_lock(&l->ring_lock);
     log_ring_t *first = atomic_load_explicit(&l->rings, memory_order_relaxed), *r = first;
-    while (r && r->tid != tid) r = r->next;
+    while (r && r->tid != tid) r = r->next; /* its own, or a dead thread's of the same id */
     for (log_ring_t *x = first; !r && x; x = x->next)
-        if (thread_gone(x->tid)) { /* its thread wrote its last event before it exited */
-            r = x;
-            r->tid = tid;
-        }
-    if (!r && (r = cubuf__malloc(sizeof *r))) {
+        if (thread_gone(x->tid)) r = x;
+    if (r) {
+        /* The last thing its last owner did was publish an event: reading
+         * that makes all it did with the ring happen before what we do. */
+        (void)atomic_load_explicit(&r->head, memory_order_acquire);
+        r->tid = tid;
+    } else if ((r = cubuf__malloc(sizeof *r))) {
         memset(r, 0, offsetof(log_ring_t, ev));
         r->tid = tid;
         r->next = first;
@@ -184,8 +197,33 @@ static void write_here(log_adaptor_t *l, log_event_t *one)
                     cubuf_last_error());
 }
 
+/* Asks for the line at p to be owned for writing. The writer thread read
+ * each slot of a ring a lap earlier, so writing one needs the line back
+ * from its core; asked for ahead, that wait overlaps other work instead of
+ * holding up the next atomic (which waits for every earlier store). */
+static inline void prefetch_write(const void *p)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1);
+#endif
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* The ring is at least half full as last seen: read the tail again; wake
- * the writer once per tail it has left; when full, write the log here. */
+ * the writer once per tail it has left. When full, wait while the writer
+ * frees space (it does every LOG_CHUNK events), spinning and yielding now
+ * and then; after LOG_FULL_WAIT_NS without space (a slow callback), write
+ * the log here. */
 static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
 {
     r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -194,9 +232,20 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
         r->poked_at = r->tail_seen;
         poke(l);
     }
-    if (h - r->tail_seen < LOG_RING) return;
-    write_here(l, NULL);
-    r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+    int64_t give_up = 0;
+    for (unsigned i = 1; h - r->tail_seen >= LOG_RING; i++) {
+        for (int k = 0; k < 32; k++) cpu_relax();
+        if (i % 64 == 0) sched_yield(); /* the writer may share this core */
+        if (i % 16 == 0) {
+            const int64_t now = mono_ns();
+            if (!give_up) give_up = now + LOG_FULL_WAIT_NS;
+            if (now > give_up) {
+                write_here(l, NULL);
+                give_up = 0;
+            }
+        }
+        r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+    }
 }
 
 static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream, CUdeviceptr ptr,
@@ -215,6 +264,7 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream
     if (t < r->last_time) t = r->last_time;
     r->last_time = t;
     r->ev[h & (LOG_RING - 1)] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int8_t)st};
+    prefetch_write(&r->ev[(h + LOG_AHEAD) & (LOG_RING - 1)]);
     atomic_store_explicit(&r->head, h + 1, memory_order_release);
 }
 
@@ -433,8 +483,8 @@ static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size
 
 /* Writes what every ring holds, the output lock held; the space goes back
  * to the ring's thread even where a write fails (those events are lost).
- * The writer thread (`tick`) stores the clock every LOG_TICK_EVENTS
- * events. `heads`, if set, gets the sum of the rings' heads. */
+ * The writer thread (`tick`) stores the clock every LOG_TICK_CHUNKS
+ * chunks. `heads`, if set, gets the sum of the rings' heads. */
 static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads)
 {
     cubuf_status_t st = CUBUF_SUCCESS;
@@ -443,16 +493,17 @@ static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads)
         const uint64_t h = atomic_load_explicit(&r->head, memory_order_acquire);
         uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
         sum += h;
-        while (t < h) {
+        for (unsigned chunk = 1; t < h; chunk++) {
             const size_t at = (size_t)(t & (LOG_RING - 1));
             size_t n = (size_t)(h - t);
             if (n > LOG_RING - at) n = LOG_RING - at;
-            if (n > LOG_TICK_EVENTS) n = LOG_TICK_EVENTS;
+            if (n > LOG_CHUNK) n = LOG_CHUNK;
             cubuf_status_t wst = write_events(l, &r->ev[at], n);
             if (st == CUBUF_SUCCESS) st = wst;
             t += n;
             atomic_store_explicit(&r->tail, t, memory_order_release);
-            if (tick) atomic_store_explicit(&l->now, (uint64_t)mono_ns(), memory_order_relaxed);
+            if (tick && chunk % LOG_TICK_CHUNKS == 0)
+                atomic_store_explicit(&l->now, (uint64_t)mono_ns(), memory_order_relaxed);
         }
     }
     if (heads) *heads = sum;

@@ -122,12 +122,18 @@ static inline void cubuf__resource_unlock(cubuf_resource_t *res) { cubuf__spin_u
 /* The counting: the only code that changes a tally. `sign` +1 for an
  * allocation of `requested` bytes that moved `charge`, -1 for its free. The
  * lock is held. */
+static inline int64_t cubuf__tally_add(int64_t v, int sign, uint64_t d)
+{
+    /* Modulo 2^64 (a size past INT64_MAX from a user resource must not
+     * overflow a signed count); back to exact when the free comes. */
+    return (int64_t)((uint64_t)v + (sign > 0 ? d : (uint64_t)0 - d));
+}
 static inline void cubuf__tally_move(cubuf_tally_t *t, int sign, size_t requested,
                                      const cubuf_charge_t *charge)
 {
-    t->bytes += sign * (int64_t)charge->bytes;
-    t->count += sign * (int64_t)charge->count;
-    t->req_bytes += sign * (int64_t)requested;
+    t->bytes = cubuf__tally_add(t->bytes, sign, charge->bytes);
+    t->count = cubuf__tally_add(t->count, sign, charge->count);
+    t->req_bytes = cubuf__tally_add(t->req_bytes, sign, requested);
     if (sign > 0) {
         t->total_count += charge->count;
         t->total_bytes += charge->bytes;

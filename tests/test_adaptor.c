@@ -375,6 +375,17 @@ static bool pointers_alternate(const lines_t *l, size_t want)
     return ok;
 }
 
+/* A logging adaptor over `up` whose lines go to `got`. */
+static cubuf_resource_t *collecting_log(cubuf_resource_t *up, lines_t *got)
+{
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = collect;
+    o.user = got;
+    cubuf_resource_t *lg = NULL;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    return lg;
+}
+
 static void test_log_callback(void)
 {
     host_up_t h;
@@ -584,12 +595,9 @@ static void *churn_worker(void *arg)
 static void test_log_thread_churn(void)
 {
     host_up_t h;
-    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    cubuf_resource_t *up = host_upstream(&h);
     lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
-    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
-    o.callback = collect;
-    o.user = &got;
-    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    cubuf_resource_t *lg = collecting_log(up, &got);
     for (int wave = 0; wave < 6; wave++) {
         pthread_t th[4];
         churn_job_t jobs[4];
@@ -628,13 +636,10 @@ static cubuf_status_t fake_free(void *state, CUdeviceptr p, size_t size, CUstrea
 static void test_log_fields(void)
 {
     static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, fake_alloc, fake_free, NULL};
-    cubuf_resource_t *up = NULL, *lg = NULL;
+    cubuf_resource_t *up = NULL;
     T_REQUIRE(cubuf_resource_create(&ops, NULL, NULL, &up));
     lines_t got = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
-    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
-    o.callback = collect;
-    o.user = &got;
-    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    cubuf_resource_t *lg = collecting_log(up, &got);
     uint64_t v[3 * 64 + 3 * 20], n = 0;
     for (uint64_t b = 1; b; b <<= 1) v[n++] = b - 1, v[n++] = b, v[n++] = b + 1;
     uint64_t ten = 1;

@@ -171,9 +171,10 @@ typedef struct cubuf_log_options {
  * Each thread keeps its events in a ring of its own (2048 events, about
  * 96 KiB, reused after the thread exits). The writer thread writes what
  * the rings hold at least every millisecond and when a ring is half full;
- * a thread whose ring is full writes the log itself, so the log's memory
- * stays bounded and a program that allocates faster than its log can be
- * written slows down. Lines of different threads may therefore interleave
+ * a thread whose ring is full waits for space, and writes the log itself
+ * when the writer frees none for 2 ms (a slow callback), so the log's
+ * memory stays bounded and a program that allocates faster than its log
+ * can be written slows down to the writer's pace. Lines of different threads may therefore interleave
  * out of order (`cubuf replay LOG` sorts, README). A file is flushed at
  * cubuf_log_adaptor_flush and at the last release. The writer thread wakes
  * 1000 times a second while events come, 10 times after 100 ms without.
