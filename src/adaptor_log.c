@@ -56,7 +56,7 @@ typedef struct log_event {
     size_t size;
     int32_t tid;
     uint8_t op;
-    int8_t status;
+    int16_t status;
 } log_event_t;
 
 typedef struct log_ring {
@@ -131,6 +131,10 @@ typedef struct ring_slot {
 static _Thread_local ring_slot_t tls_rings[LOG_CACHE];
 static _Thread_local unsigned tls_next_slot;
 
+/* Whether no thread of this process has kernel id `tid` now. A thread's
+ * exit passes the kernel's barriers before its id stops being found, so
+ * what it did with a ring is done (tasks cloned without CLONE_THREAD are
+ * not threads of the process, and are not supported). */
 static bool thread_gone(int32_t tid)
 {
     const int e = errno;
@@ -140,10 +144,11 @@ static bool thread_gone(int32_t tid)
 }
 
 /* The calling thread's ring, found or made under ring_lock; NULL when no
- * memory can be had for one. */
+ * memory can be had for one. The id is asked of the kernel, not of the
+ * per-thread cache: a child of fork keeps its parent thread's cache. */
 static log_ring_t *ring_slow(log_adaptor_t *l)
 {
-    const int32_t tid = cubuf__adaptor_thread_id();
+    const int32_t tid = (int32_t)syscall(SYS_gettid);
     pthread_mutex_lock(&l->ring_lock);
     log_ring_t *first = atomic_load_explicit(&l->rings, memory_order_relaxed), *r = first;
     while (r && r->tid != tid) r = r->next; /* its own, or a dead thread's of the same id */
@@ -186,15 +191,20 @@ static void poke(log_adaptor_t *l)
     pthread_mutex_unlock(&l->q_lock);
 }
 
-static void write_here(log_adaptor_t *l, log_event_t *one)
+static void warn_lost(void)
+{
+    cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed; its events are lost: %s",
+                cubuf_last_error());
+}
+
+/* An event that has no ring, written at once (after what the rings hold). */
+static void write_alone(log_adaptor_t *l, const log_event_t *e)
 {
     pthread_mutex_lock(&l->out_lock);
     cubuf_status_t st = write_rings(l, false, NULL);
-    if (one && st == CUBUF_SUCCESS) st = write_events(l, one, 1);
+    if (st == CUBUF_SUCCESS) st = write_events(l, e, 1);
     pthread_mutex_unlock(&l->out_lock);
-    if (st != CUBUF_SUCCESS)
-        cubuf__warn(CUBUF_ERROR_SYSTEM, "logging adaptor: a write failed; its events are lost: %s",
-                    cubuf_last_error());
+    if (st != CUBUF_SUCCESS) warn_lost();
 }
 
 /* Asks for the line at p to be owned for writing. The writer thread read
@@ -222,8 +232,9 @@ static inline void cpu_relax(void)
 /* The ring is at least half full as last seen: read the tail again; wake
  * the writer once per tail it has left. When full, wait while the writer
  * frees space (it does every LOG_CHUNK events), spinning and yielding now
- * and then; after LOG_FULL_WAIT_NS without space (a slow callback), write
- * the log here. */
+ * and then; after LOG_FULL_WAIT_NS without space, write the log here if
+ * nobody is writing it (whoever is, a slow callback included, frees space
+ * as it goes: the thread keeps waiting, at the writer's pace). */
 static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
 {
     r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -239,8 +250,10 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
         if (i % 16 == 0) {
             const int64_t now = mono_ns();
             if (!give_up) give_up = now + LOG_FULL_WAIT_NS;
-            if (now > give_up) {
-                write_here(l, NULL);
+            if (now > give_up && pthread_mutex_trylock(&l->out_lock) == 0) {
+                const cubuf_status_t st = write_rings(l, false, NULL);
+                pthread_mutex_unlock(&l->out_lock);
+                if (st != CUBUF_SUCCESS) warn_lost();
                 give_up = 0;
             }
         }
@@ -255,15 +268,17 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream
     uint64_t t = l->precise ? 0 : atomic_load_explicit(&l->now, memory_order_relaxed);
     if (__builtin_expect(!t, 0)) t = (uint64_t)mono_ns(); /* precise, or the writer rests */
     if (__builtin_expect(!r, 0)) {
-        log_event_t e = {order, t, stream, ptr, size, cubuf__adaptor_thread_id(), op, (int8_t)st};
-        write_here(l, &e);
+        /* No ring (no memory for one): written now, its time not held back
+         * to the thread's last. */
+        log_event_t e = {order, t, stream, ptr, size, (int32_t)syscall(SYS_gettid), op, (int16_t)st};
+        write_alone(l, &e);
         return;
     }
     const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
     if (__builtin_expect(h - r->tail_seen >= LOG_RING / 2, 0)) make_room(l, r, h);
     if (t < r->last_time) t = r->last_time;
     r->last_time = t;
-    r->ev[h & (LOG_RING - 1)] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int8_t)st};
+    r->ev[h & (LOG_RING - 1)] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int16_t)st};
     prefetch_write(&r->ev[(h + LOG_AHEAD) & (LOG_RING - 1)]);
     atomic_store_explicit(&r->head, h + 1, memory_order_release);
 }

@@ -143,8 +143,10 @@ static int read_plan(const char *path, plan_t *p)
     while (fgets(line, sizeof line, f)) {
         lineno++;
         if (line[0] == '#') { /* "# cubuf log 1:" had no order field: its time orders it */
-            if (sscanf(line, "# cubuf log %d:", &version) == 1 && version != 1 && version != 2)
+            if (sscanf(line, "# cubuf log %d:", &version) == 1 && version != 1 && version != 2) {
+                fprintf(stderr, "cubuf replay: %s:%ld: log version %d\n", path, lineno, version);
                 return fail_plan(f, lines, &m, p, "a log of a version this tool does not know");
+            }
             continue;
         }
         if (line[0] == '\n') continue;

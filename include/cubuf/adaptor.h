@@ -130,10 +130,11 @@ CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, 
 
 /** Receives one log line (no newline) at a write: on the adaptor's writer
  *  thread, or on the thread whose flush (cubuf_log_adaptor_flush, the last
- *  release, an event that finds its thread's ring full or no memory for
- *  one) writes it, one call at a time. It must not allocate from or free to
- *  the same logging adaptor, nor wait for anything a thread allocating
- *  through it may hold (a full ring makes that thread wait for the writes). */
+ *  release, an event whose thread's ring is full while nobody writes, or
+ *  one that finds no memory for a ring) writes it, one call at a time. It
+ *  must not allocate from or free to the same logging adaptor, nor wait
+ *  for anything a thread allocating through it may hold (a full ring makes
+ *  that thread wait for the writes). */
 typedef void (*cubuf_log_line_fn)(void *user, const char *line);
 
 /** Options of a logging adaptor. Initialize with CUBUF_LOG_OPTIONS_INIT. */
@@ -171,13 +172,17 @@ typedef struct cubuf_log_options {
  * Each thread keeps its events in a ring of its own (2048 events, about
  * 96 KiB, reused after the thread exits). The writer thread writes what
  * the rings hold at least every millisecond and when a ring is half full;
- * a thread whose ring is full waits for space, and writes the log itself
- * when the writer frees none for 2 ms (a slow callback), so the log's
- * memory stays bounded and a program that allocates faster than its log
- * can be written slows down to the writer's pace. Lines of different threads may therefore interleave
+ * a thread whose ring is full waits for space (and writes the log itself
+ * when nobody has for 2 ms), so the log's memory stays bounded and a
+ * program that allocates faster than its log can be written slows down to
+ * the writer's pace. Lines of different threads may therefore interleave
  * out of order (`cubuf replay LOG` sorts, README). A file is flushed at
- * cubuf_log_adaptor_flush and at the last release. The writer thread wakes
+ * cubuf_log_adaptor_flush and at the last release; what the rings hold
+ * when the process exits without either is lost. The writer thread wakes
  * 1000 times a second while events come, 10 times after 100 ms without.
+ * An adaptor made before fork() cannot be used in the child (it has no
+ * writer thread there).
+ *
  * Returns CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer
  * thread cannot start).
  */
