@@ -2,6 +2,7 @@
  * their own beyond the resource's counters: statistics (scopes), limiting
  * (the cap) and the failure callback. Logging and tracking have files of
  * their own. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -30,10 +31,19 @@ const char cubuf__adaptor_no_adopt[] =
     "was allocated through it (allocate from the adaptor instead)";
 
 static _Thread_local int32_t tls_tid;
+static pthread_once_t tid_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork() runs on a copy of the forking thread, cache included:
+ * it asks the kernel again. */
+static void tid_forget(void) { tls_tid = 0; }
+static void tid_watch_forks(void) { (void)pthread_atfork(NULL, NULL, tid_forget); }
 
 int32_t cubuf__adaptor_thread_id(void)
 {
-    if (__builtin_expect(!tls_tid, 0)) tls_tid = (int32_t)syscall(SYS_gettid);
+    if (__builtin_expect(!tls_tid, 0)) {
+        pthread_once(&tid_once, tid_watch_forks);
+        tls_tid = (int32_t)syscall(SYS_gettid);
+    }
     return tls_tid;
 }
 

@@ -144,11 +144,10 @@ static bool thread_gone(int32_t tid)
 }
 
 /* The calling thread's ring, found or made under ring_lock; NULL when no
- * memory can be had for one. The id is asked of the kernel, not of the
- * per-thread cache: a child of fork keeps its parent thread's cache. */
+ * memory can be had for one. */
 static log_ring_t *ring_slow(log_adaptor_t *l)
 {
-    const int32_t tid = (int32_t)syscall(SYS_gettid);
+    const int32_t tid = cubuf__adaptor_thread_id();
     pthread_mutex_lock(&l->ring_lock);
     log_ring_t *first = atomic_load_explicit(&l->rings, memory_order_relaxed), *r = first;
     while (r && r->tid != tid) r = r->next; /* its own, or a dead thread's of the same id */
@@ -270,7 +269,7 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream
     if (__builtin_expect(!r, 0)) {
         /* No ring (no memory for one): written now, its time not held back
          * to the thread's last. */
-        log_event_t e = {order, t, stream, ptr, size, (int32_t)syscall(SYS_gettid), op, (int16_t)st};
+        log_event_t e = {order, t, stream, ptr, size, cubuf__adaptor_thread_id(), op, (int16_t)st};
         write_alone(l, &e);
         return;
     }
@@ -536,12 +535,8 @@ static void *writer_main(void *arg)
     pthread_mutex_lock(&l->q_lock);
     while (!l->stop) {
         if (!l->wake) {
-            struct timespec at;
-            clock_gettime(CLOCK_MONOTONIC, &at);
-            const long step = resting ? LOG_REST_NS : LOG_TICK_NS;
-            at.tv_nsec += step;
-            at.tv_sec += at.tv_nsec / 1000000000;
-            at.tv_nsec %= 1000000000;
+            const int64_t at_ns = mono_ns() + (resting ? LOG_REST_NS : LOG_TICK_NS);
+            const struct timespec at = {at_ns / 1000000000, at_ns % 1000000000};
             pthread_cond_timedwait(&l->q_cond, &l->q_lock, &at);
         }
         l->wake = false;

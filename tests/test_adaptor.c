@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -686,6 +687,46 @@ static void test_log_fields(void)
     cubuf_resource_release(up);
 }
 
+/* A child of fork() logs under its own thread id, not the one its
+ * thread's cache held in the parent (the parent has logged already). */
+static char fork_line[256];
+static void keep_line(void *user, const char *line)
+{
+    (void)user;
+    if (line[0] != '#') snprintf(fork_line, sizeof fork_line, "%s", line);
+}
+
+static void test_log_fork_thread_id(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h);
+    lines_t got = LINES_INIT;
+    cubuf_resource_t *lg = collecting_log(up, &got);
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(lg, 8, NULL, &p)); /* the parent's id is cached now */
+    T_OK(cubuf_resource_deallocate_raw(lg, p, 8, NULL));
+    cubuf_resource_release(lg);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) { /* a new adaptor in the child: its own writer thread */
+        cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+        o.callback = keep_line;
+        cubuf_resource_t *clg = NULL;
+        if (cubuf_log_adaptor_create(up, &o, &clg) != CUBUF_SUCCESS ||
+            cubuf_resource_allocate_raw(clg, 8, NULL, &p) != CUBUF_SUCCESS)
+            _exit(2);
+        cubuf_resource_release(clg); /* the allocation stays: the child exits */
+        log_line_t e;
+        _exit(parse(fork_line, &e) && e.tid == (int)getpid() ? 0 : 1);
+    }
+    int status = -1;
+    T_CHECK(child > 0 && waitpid(child, &status, 0) == child);
+    T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    T_CHECK(got.n == 3);
+    lines_free(&got);
+    cubuf_resource_release(up);
+}
+
 static void test_log_file(void)
 {
     host_up_t h;
@@ -1327,6 +1368,7 @@ int main(void)
     test_log_callback();
     test_log_backpressure();
     test_log_file();
+    test_log_fork_thread_id();
     test_log_fields();
     test_log_time();
     test_log_thread_churn();

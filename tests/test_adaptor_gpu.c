@@ -240,6 +240,21 @@ static void *work(void *arg)
     return NULL;
 }
 
+/* `cubuf replay LOG` on the device, its output echoed: whether a line
+ * said `expect`, whether the per-operation rows came; returns its status. */
+static int replay(const char *path, const char *expect, bool *saw, bool *rows)
+{
+    char cmd[512], line[256];
+    snprintf(cmd, sizeof cmd, "%s replay %s --resource device --rounds 1 2>&1", CUBUF_TOOL, path);
+    FILE *pipe = popen(cmd, "r");
+    while (pipe && fgets(line, sizeof line, pipe)) {
+        fputs(line, stdout);
+        *saw |= strstr(line, expect) != NULL;
+        *rows |= strstr(line, "free     cubuf") != NULL && strstr(line, "ratio") != NULL;
+    }
+    return pipe ? pclose(pipe) : -1;
+}
+
 static void test_log_replay(cubuf_resource_t *pool, CUcontext ctx)
 {
     char path[] = "/tmp/cubuf_replay_XXXXXX";
@@ -280,19 +295,11 @@ static void test_log_replay(cubuf_resource_t *pool, CUcontext ctx)
     if (f) fclose(f);
     T_CHECK(lines == 1 + 2 * (long)total && allocs == (long)total);
     /* Replayed by the tool, with the same driver (the environment carries it). */
-    char cmd[512], expect[128];
-    snprintf(cmd, sizeof cmd, "%s replay %s --resource device --rounds 1 2>&1", CUBUF_TOOL, path);
+    char expect[128];
     snprintf(expect, sizeof expect, "%ld events (%ld allocations) on 4 thread(s) and 3 stream(s)",
              2 * allocs, allocs);
-    FILE *pipe = popen(cmd, "r");
-    T_CHECK(pipe != NULL);
     bool saw = false, rows = false;
-    while (pipe && fgets(line, sizeof line, pipe)) {
-        fputs(line, stdout);
-        saw |= strstr(line, expect) != NULL;
-        rows |= strstr(line, "free     cubuf") != NULL && strstr(line, "ratio") != NULL;
-    }
-    int rc = pipe ? pclose(pipe) : -1;
+    int rc = replay(path, expect, &saw, &rows);
     T_CHECK(rc == 0 && saw && rows);
     unlink(path);
 }
@@ -308,15 +315,8 @@ static bool replay_says(const char *log, const char *expect, int *rc)
     if (!f) return false;
     fputs(log, f);
     fclose(f);
-    char cmd[512], line[256];
-    snprintf(cmd, sizeof cmd, "%s replay %s --resource device --rounds 1 2>&1", CUBUF_TOOL, path);
-    FILE *pipe = popen(cmd, "r");
-    bool saw = false;
-    while (pipe && fgets(line, sizeof line, pipe)) {
-        fputs(line, stdout);
-        saw |= strstr(line, expect) != NULL;
-    }
-    *rc = pipe ? pclose(pipe) : -1;
+    bool saw = false, rows = false;
+    *rc = replay(path, expect, &saw, &rows);
     unlink(path);
     return saw;
 }
