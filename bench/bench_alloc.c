@@ -11,6 +11,8 @@
  * so stream-ordered frees are complete when the clock is read, on both
  * sides. After each row the resource's statistics must be back at zero
  * (a leak is reported as an error). */
+#include <pthread.h>
+
 #include "bench_common.h"
 #include "resource_pool.h"
 
@@ -203,6 +205,20 @@ static void piece_lock(void *p)
     atomic_store_explicit(&piece_lock_word, false, memory_order_release);
 }
 
+/* cubuf's own lock (src/lock.h): as its owner (no atomic), and once
+ * another thread has taken it (its word, one atomic). */
+static cubuf_lock_t piece_owned, piece_shared;
+static void piece_cubuf_lock(void *p)
+{
+    cubuf__lock(p);
+    cubuf__unlock(p);
+}
+static void *touch_lock(void *p)
+{
+    piece_cubuf_lock(p);
+    return NULL;
+}
+
 static void piece_clock(void *p)
 {
     struct timespec t;
@@ -270,6 +286,12 @@ static void bench_pieces(bench_env_t *env)
     long sink = 0;
     printf("  an uncontended spin lock + unlock (one atomic read-modify-write): %.1f ns\n",
            piece_ns(piece_lock, NULL, n));
+    pthread_t t;
+    piece_cubuf_lock(&piece_owned);
+    if (pthread_create(&t, NULL, touch_lock, &piece_shared) == 0) pthread_join(t, NULL);
+    printf("  cubuf's lock + unlock as the lock's owner (%s): %.1f ns; shared, through its word: %.1f ns\n",
+           cubuf__lock_bias_on() ? "biased" : "bias off: shared too", piece_ns(piece_cubuf_lock, &piece_owned, n),
+           piece_ns(piece_cubuf_lock, &piece_shared, n));
     printf("  clock_gettime(CLOCK_MONOTONIC): %.1f ns\n", piece_ns(piece_clock, &sink, n));
 #if defined(__x86_64__)
     unsigned long long ticks = 0;
@@ -356,6 +378,12 @@ static void raw_pair(void *p)
 /* The same through the upstream of arg: alloc_arg_t pairs, [0] upstream, [1] adaptor. */
 static void raw_pair_upstream(void *p) { raw_pair(&((alloc_arg_t *)p)[0]); }
 static void raw_pair_adaptor(void *p) { raw_pair(&((alloc_arg_t *)p)[1]); }
+static void *pair_both(void *p)
+{
+    raw_pair_upstream(p);
+    raw_pair_adaptor(p);
+    return NULL;
+}
 
 static bool retry_never(void *user, size_t size, unsigned attempt)
 {
@@ -424,6 +452,22 @@ static void bench_adaptors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryP
         adaptor_row(env, names[i], raw_pair_upstream, raw_pair_adaptor, pair, 4096,
                     BENCH_TARGET_NS_LE, 20);
         check_zero(env, ad[i], names[i]);
+    }
+    /* The same after another thread made a pair through each: every lock
+     * the rows take is shared then (src/lock.h), as in a program whose
+     * threads share the stack. */
+    bench_note("the same rows once another thread has used each adaptor (its locks shared): "
+               "informational");
+    for (int i = 0; i < 5; i++) {
+        alloc_arg_t pair[2] = {{4096, env->stream, user, env->ctx, NULL},
+                               {4096, env->stream, ad[i], env->ctx, NULL}};
+        pthread_t t;
+        if (pthread_create(&t, NULL, pair_both, pair) != 0) bench_die_st("pthread_create", CUBUF_ERROR_SYSTEM, __FILE__, __LINE__);
+        pthread_join(t, NULL);
+        char name[48];
+        snprintf(name, sizeof name, "%s_shared", names[i]);
+        adaptor_row(env, name, raw_pair_upstream, raw_pair_adaptor, pair, 4096, BENCH_TARGET_NONE, 0);
+        check_zero(env, ad[i], name);
     }
     for (int i = 0; i < 5; i++) cubuf_resource_release(ad[i]);
     cubuf_resource_release(user);

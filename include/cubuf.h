@@ -30,6 +30,12 @@
  *  - Functions are thread-safe unless their entry says otherwise; using one
  *    buffer from several threads while another thread closes it is the
  *    caller's race to prevent (as on the cuda.core page).
+ *  - Resources, adaptors and the caching resource guard their counts with
+ *    locks that cost no atomic instruction while one thread uses them; the
+ *    first call from a second thread makes them shared for good, once, with
+ *    membarrier(2) (a few microseconds). CUBUF_LOCK_BIAS=0 in the
+ *    environment (or a kernel without membarrier) makes every lock shared
+ *    from the start.
  *
  * Streams are plain CUstream values: 0 or CU_STREAM_LEGACY (the legacy
  * default stream), CU_STREAM_PER_THREAD, or a stream the caller created

@@ -3,7 +3,8 @@
  * The hot path takes no lock. Each thread writes small binary events into
  * a ring of its own (one writer, one reader: the owner publishes with a
  * release store, the reader frees space the same way). The only shared
- * write is the order counter, one atomic add per free. Times come from the
+ * write is the order counter, one addition per free under a biased lock
+ * (lock.h: no atomic for the thread that owns it). Times come from the
  * adaptor's writer thread, which stores the clock at least every
  * millisecond while events come (a load on the hot path, not a clock
  * read). The writer thread formats what the rings hold (by hand: snprintf
@@ -89,8 +90,9 @@ typedef struct line_cache {
  * allocating reads the middle group at every event). */
 typedef struct log_adaptor {
     char pad0[128];
-    _Atomic uint64_t frees; /* the order counter: every free adds */
-    char pad1[120];
+    _Atomic uint64_t frees; /* the order counter: every free adds, under order_lock */
+    cubuf_lock_t order_lock;
+    char pad1[128 - 8 - sizeof(cubuf_lock_t)];
     _Atomic uint64_t now; /* the writer's clock, 0 while it rests */
     char pad2[120];
     /* Set at create. */
@@ -299,8 +301,13 @@ static cubuf_status_t log_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                      const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     log_adaptor_t *l = res->impl;
-    /* Before the upstream frees: its release orders this add before any reuse. */
-    const uint64_t number = atomic_fetch_add_explicit(&l->frees, 1, memory_order_relaxed);
+    /* Before the upstream frees: its release orders this add before any
+     * reuse. Under the (biased) lock rather than an atomic add: the thread
+     * that owns it adds with plain stores; allocations only load. */
+    cubuf__lock(&l->order_lock);
+    const uint64_t number = atomic_load_explicit(&l->frees, memory_order_relaxed);
+    atomic_store_explicit(&l->frees, number + 1, memory_order_relaxed);
+    cubuf__unlock(&l->order_lock);
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
     record(l, OP_FREE, 2 * number + 1, token->stream, buf->ptr, buf->size, st);
     return st;

@@ -20,7 +20,7 @@ typedef struct track_trace {
 } track_trace_t;
 
 typedef struct track_shard {
-    atomic_bool lock;
+    cubuf_lock_t lock;
     cubuf_ptrmap_t map; /* entry: ptr, size, a = stream, b = track_trace_t * or NULL, c = thread */
     size_t bytes;
 } track_shard_t;
@@ -35,8 +35,8 @@ static track_shard_t *shard_of(track_adaptor_t *t, CUdeviceptr p)
     return &t->shards[((uint64_t)p * 0x9E3779B97F4A7C15ull >> 40) % TRACK_SHARDS];
 }
 
-static void shard_lock(track_shard_t *s) { cubuf__spin_lock(&s->lock); }
-static void shard_unlock(track_shard_t *s) { cubuf__spin_unlock(&s->lock); }
+static void shard_lock(track_shard_t *s) { cubuf__lock(&s->lock); }
+static void shard_unlock(track_shard_t *s) { cubuf__unlock(&s->lock); }
 
 static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
                                      bool in_ctx, cubuf_charge_t *charge)

@@ -35,7 +35,7 @@ typedef struct slot {
 } slot_t;
 
 typedef struct cstream {
-    atomic_bool lock;
+    cubuf_lock_t lock;
     CUstream stream;     /* 0 for the legacy stream */
     uint64_t thread_key; /* CU_STREAM_PER_THREAD: its thread's key; else 0 */
     struct cstream *next;
@@ -101,9 +101,9 @@ size_t cubuf_caching_class_size(size_t size)
 
 /* ---- locks ---- */
 
-static inline void cs_lock(cstream_t *cs) { cubuf__spin_lock(&cs->lock); }
+static inline void cs_lock(cstream_t *cs) { cubuf__lock(&cs->lock); }
 
-static inline void cs_unlock(cstream_t *cs) { cubuf__spin_unlock(&cs->lock); }
+static inline void cs_unlock(cstream_t *cs) { cubuf__unlock(&cs->lock); }
 
 /* ---- stream states ---- */
 
@@ -129,7 +129,6 @@ static cstream_t *stream_state_slow(caching_t *c, CUstream s)
     pthread_mutex_lock(&c->mutex);
     cstream_t *cs = find_locked(c, s, tk);
     if (!cs && (cs = cubuf__calloc(1, sizeof *cs)) != NULL) {
-        atomic_init(&cs->lock, false);
         cs->stream = s;
         cs->thread_key = tk;
         cs->next = c->streams;

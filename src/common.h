@@ -38,20 +38,6 @@ void cubuf__set_last_cu(CUresult r);
         if (!(cond)) return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
     } while (0)
 
-/* ---- the spin lock (resource.c) ------------------------------------------- */
-
-/* For critical sections of a few stores on hot paths (the resources' counts,
- * the caching resource's per-stream lists, the adaptors' shards): one atomic
- * exchange uncontended; a waiter spins briefly, then yields, in case the
- * holder was preempted. */
-void cubuf__spin_wait(atomic_bool *lock);
-static inline void cubuf__spin_lock(atomic_bool *lock)
-{
-    if (atomic_exchange_explicit(lock, true, memory_order_acquire)) cubuf__spin_wait(lock);
-}
-static inline void cubuf__spin_unlock(atomic_bool *lock)
-{
-    atomic_store_explicit(lock, false, memory_order_release);
-}
+#include "lock.h" /* the spin lock of the hot paths */
 
 #endif

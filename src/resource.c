@@ -20,25 +20,8 @@
  * every layer in one critical section, and a layer costs no atomic of its
  * own (one atomic read-modify-write is about 9 ns on the H200's host; the
  * stack's threads meet at its bottom resource anyway). A critical section is
- * a few additions (the spin lock, common.h). */
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
-void cubuf__spin_wait(atomic_bool *lock)
-{
-    unsigned spins = 0;
-    do {
-        while (atomic_load_explicit(lock, memory_order_relaxed)) {
-            if (++spins < 256) cpu_relax();
-            else sched_yield();
-        }
-    } while (atomic_exchange_explicit(lock, true, memory_order_acquire));
-}
+ * a few additions (the biased spin lock, lock.h: the owner of a lock pays no
+ * atomic at all). */
 
 /* The resource and its state in one block; the state keeps max_align_t's alignment. */
 typedef struct resource_block {
@@ -53,7 +36,6 @@ cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_contex
     if (!block) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a resource");
     cubuf_resource_t *res = &block->res;
     if (impl_size) res->impl = block->impl;
-    atomic_init(&res->own_lock, false);
     res->lock = &res->own_lock;
     res->refs = 1;
     res->vt = vt;

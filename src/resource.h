@@ -95,8 +95,8 @@ struct cubuf_resource {
      * says why): *lock, which is own_lock for a resource over nothing and
      * its upstream's for an adaptor, so one critical section counts a whole
      * stack of them. */
-    atomic_bool *lock;
-    atomic_bool own_lock;
+    cubuf_lock_t *lock;
+    cubuf_lock_t own_lock;
     cubuf_resource_t *upstream; /* adaptors: the resource below (retained by the adaptor) */
     size_t refs; /* holders: callers and open buffers */
     cubuf_tally_t tally;
@@ -116,8 +116,8 @@ cubuf_status_t cubuf__resource_new(const cubuf_resource_vtbl_t *vt, cubuf_contex
                                    size_t impl_size, cubuf_resource_t **out);
 /* The resource lock (resource.c says why one lock), shared by an adaptor
  * and everything below it. Never held while taking another. */
-static inline void cubuf__resource_lock(cubuf_resource_t *res) { cubuf__spin_lock(res->lock); }
-static inline void cubuf__resource_unlock(cubuf_resource_t *res) { cubuf__spin_unlock(res->lock); }
+static inline void cubuf__resource_lock(cubuf_resource_t *res) { cubuf__lock(res->lock); }
+static inline void cubuf__resource_unlock(cubuf_resource_t *res) { cubuf__unlock(res->lock); }
 
 /* The counting: the only code that changes a tally. `sign` +1 for an
  * allocation of `requested` bytes that moved `charge`, -1 for its free. The

@@ -990,20 +990,22 @@ static void test_stack_threads(void)
     T_OK(cubuf_tracking_adaptor_create(log, false, &track));
     T_OK(cubuf_limit_adaptor_create(track, (size_t)1 << 30, &lim));
     T_OK(cubuf_statistics_adaptor_create(lim, &stats));
+    /* The main thread goes first, so it owns the stack's locks (src/lock.h),
+     * then works on beside the 8 threads, whose first calls revoke it. */
     pthread_t th[8];
-    stack_job_t jobs[8];
-    for (int i = 0; i < 8; i++) {
-        jobs[i] = (stack_job_t){stats, 31u * (unsigned)i + 5, 0, 0, CUBUF_SUCCESS};
-        T_CHECK(pthread_create(&th[i], NULL, stack_worker, &jobs[i]) == 0);
-    }
+    stack_job_t jobs[10];
+    for (int i = 0; i < 10; i++) jobs[i] = (stack_job_t){stats, 31u * (unsigned)i + 5, 0, 0, CUBUF_SUCCESS};
+    stack_worker(&jobs[9]);
+    for (int i = 0; i < 8; i++) T_CHECK(pthread_create(&th[i], NULL, stack_worker, &jobs[i]) == 0);
+    stack_worker(&jobs[8]);
     uint64_t bytes = 0, count = 0;
-    for (int i = 0; i < 8; i++) {
-        pthread_join(th[i], NULL);
+    for (int i = 0; i < 10; i++) {
+        if (i < 8) pthread_join(th[i], NULL);
         T_OK(jobs[i].st);
         bytes += jobs[i].bytes;
         count += jobs[i].count;
     }
-    T_CHECK(count == 8 * 3000);
+    T_CHECK(count == 10 * 3000);
     cubuf_resource_t *layers[4] = {stats, lim, track, log};
     for (int i = 0; i < 4; i++) {
         cubuf_statistics_t s = stats_of(layers[i]);
