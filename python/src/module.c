@@ -162,6 +162,12 @@ int cbp_handle(PyObject *o, const char *what, unsigned long long *out)
 
 int cbp_size(PyObject *o, const char *what, size_t *out)
 {
+    if (PyLong_CheckExact(o)) { /* the common case: no __index__ to call */
+        const size_t s = PyLong_AsSize_t(o);
+        if (__builtin_expect(s != (size_t)-1 || !PyErr_Occurred(), 1)) return (*out = s), 0;
+        PyErr_Format(PyExc_OverflowError, "%s must be an int in [0, 2**64)", what);
+        return -1;
+    }
     if (!PyLong_Check(o) && !PyIndex_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %.200s", what, Py_TYPE(o)->tp_name);
         return -1;

@@ -59,9 +59,9 @@ static PyObject *Resource_new_base(PyTypeObject *type, PyObject *args, PyObject 
 static PyObject *Resource_allocate(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *a[2];
-    if (nargs == 1 && !kwnames) {
+    if (nargs <= 2 && nargs > 0 && !kwnames) { /* allocate(size) and allocate(size, stream) */
         a[0] = args[0];
-        a[1] = NULL;
+        a[1] = nargs == 2 ? args[1] : NULL;
     } else {
         static const char *const names[] = {"size", "stream"};
         if (cbp_parse("allocate", args, nargs, kwnames, names, 2, 2, 1u, a) < 0) return NULL;
