@@ -134,6 +134,8 @@ def main():
                         ca.fill(7, stream=cstream)
                 cstream.sync()
             others.append(("cuda.core", best(core_op, n), ""))
+            ca.close()  # here, while their stream lives (not at exit, where cuda.core warns)
+            cb.close()
         else:
             others.append(("cuda.core", None, core_note))
         row(name, best(fn, n), others)
@@ -235,6 +237,8 @@ def main():
         print(f"{'  torch.cuda.current_stream()':<34} {stream_query:8.3f} us: torch.from_dlpack(x) makes this "
               "query for every CUDA producer before it asks x for a capsule", flush=True)
         buf.close()
+        if core:
+            cbuf.close()
     else:
         print(f"{'DLPack export + torch.from_dlpack':<34} {torch_note}")
     stream.sync()

@@ -34,8 +34,8 @@
  *    locks that cost no atomic instruction while one thread uses them; the
  *    first call from a second thread makes them shared for good, once, with
  *    membarrier(2) (a few microseconds). CUBUF_LOCK_BIAS=0 in the
- *    environment (or a kernel without membarrier) makes every lock shared
- *    from the start.
+ *    environment when cubuf loads (or a kernel without membarrier) makes
+ *    every lock shared from the start.
  *
  * Streams are plain CUstream values: 0 or CU_STREAM_LEGACY (the legacy
  * default stream), CU_STREAM_PER_THREAD, or a stream the caller created

@@ -16,8 +16,9 @@
  * second look at the owner field (a store then a load, which a CPU may
  * reorder) either both come before it, and the revoking thread sees the
  * flag, or the look comes after, and sees the lock shared (an asymmetric
- * Dekker handshake, as user-space RCU does it). Where membarrier is missing,
- * or CUBUF_LOCK_BIAS=0 is in the environment, every lock is shared from the
+ * Dekker handshake, as user-space RCU does it). The process registers for
+ * that barrier when cubuf loads (lock.c). Where membarrier is missing, or
+ * CUBUF_LOCK_BIAS=0 is in the environment, every lock is shared from the
  * start.
  *
  * A zeroed cubuf_lock_t is an unlocked lock. The holder notes in the lock

@@ -248,18 +248,18 @@ static cubuf_status_t allocate_buffer(cubuf_resource_t *res, size_t size, CUstre
                                       CUcontext current, cubuf_buffer_t **out, cubuf_charge_t *charge)
 {
     bool in_ctx;
-    cubuf_buffer_t *buf = NULL;
-    cubuf_status_t st = cubuf__buffer_new(&buf);
+    cubuf_stream_token_t t;
+    cubuf_status_t st = bind_stream(res, stream, current, &t, &in_ctx);
     if (__builtin_expect(st != CUBUF_SUCCESS, 0)) return st;
-    /* The stream is bound into the buffer itself: a token made aside and
-     * copied in is read as one 16-byte load of two 8-byte stores, which the
-     * CPU cannot forward (a stall of a dozen cycles, seen with perf). */
-    if (__builtin_expect((st = bind_stream(res, stream, current, &buf->dealloc, &in_ctx)) != CUBUF_SUCCESS, 0)) {
-        cubuf__buffer_discard(buf);
-        return st;
-    }
+    cubuf_buffer_t *buf = NULL;
+    if (__builtin_expect((st = cubuf__buffer_new(&buf)) != CUBUF_SUCCESS, 0)) return st;
     buf->size = size;
     cubuf__buffer_take_props(buf, res);
+    /* Field by field: a struct assignment reads the token as one 16-byte
+     * load of the two 8-byte stores just made, which the CPU cannot forward
+     * (a stall of a dozen cycles, seen with perf; CMakeLists.txt). */
+    buf->dealloc.stream = t.stream;
+    buf->dealloc.ctx = t.ctx;
     buf->resource = res;
     *charge = (cubuf_charge_t){0, 0};
     if (size) {
@@ -477,7 +477,7 @@ void cubuf__layer_undo(cubuf_resource_t *res, cubuf_buffer_t *rec)
 }
 
 /* A raw record: what the resources' allocate and deallocate read of a
- * buffer, its stream bound in place (as allocate_buffer says why). */
+ * buffer, its stream bound in place (not copied in: allocate_buffer). */
 static inline __attribute__((always_inline)) cubuf_status_t
 raw_record(cubuf_buffer_t *rec, cubuf_resource_t *res, CUdeviceptr ptr, size_t size, CUstream stream,
            bool *in_ctx)
