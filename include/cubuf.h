@@ -35,7 +35,9 @@
  *    first call from a second thread makes them shared for good, once, with
  *    membarrier(2) (a few microseconds). CUBUF_LOCK_BIAS=0 in the
  *    environment when cubuf loads (or a kernel without membarrier) makes
- *    every lock shared from the start.
+ *    every lock shared from the start. A process in which membarrier worked
+ *    when cubuf loaded and fails later (a seccomp filter installed after)
+ *    cannot share a lock safely: it stops with a message.
  *
  * Streams are plain CUstream values: 0 or CU_STREAM_LEGACY (the legacy
  * default stream), CU_STREAM_PER_THREAD, or a stream the caller created

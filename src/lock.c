@@ -44,7 +44,8 @@ static pthread_once_t bias_once = PTHREAD_ONCE_INIT;
 
 static bool register_barrier(void) { return membarrier(MB_CMD_REGISTER_PRIVATE_EXPEDITED) == 0; }
 
-/* A fork child is a new process to membarrier: it registers again. */
+/* A fork child registers again: harmless where the registration carries
+ * over (it should), needed where it does not. */
 static void child_registers(void) { (void)register_barrier(); }
 
 static void bias_init(void)

@@ -44,15 +44,15 @@ typedef struct cubuf_lock {
  * register read. A thread started after an owner exited may get the same
  * one, and then owns its locks: that is safe, as the old owner is in no
  * section and its last one happened before the new thread could start. */
+uintptr_t cubuf__lock_self_slow(void); /* pthread_self() */
 static inline uintptr_t cubuf__lock_self(void)
 {
 #if defined(__x86_64__) || defined(__aarch64__)
     return (uintptr_t)__builtin_thread_pointer();
 #else
-    return (uintptr_t)cubuf__lock_self_slow();
+    return cubuf__lock_self_slow();
 #endif
 }
-uintptr_t cubuf__lock_self_slow(void);
 
 /* The owner's entry: the flag, then a second look (see above). */
 static inline bool cubuf__lock_enter_owned(cubuf_lock_t *l, uintptr_t self)

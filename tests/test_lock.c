@@ -147,6 +147,54 @@ static void test_exclusion_through_revocation(void)
     T_CHECK(revoked);
 }
 
+/* The narrow windows: the owner runs short sections back to back while
+ * another thread, started on a fresh lock each round, revokes it; the
+ * revocation lands anywhere in the owner's loop, between its look at the
+ * owner and its flag now and then. Thousands of rounds: every increment
+ * must survive and every round must end (a breach can leave a flag set;
+ * main's alarm ends a hang). */
+typedef struct racer {
+    cubuf_lock_t *lock;
+    uint64_t *counter;
+    atomic_int *go;
+} racer_t;
+
+static void *revoke_once(void *arg)
+{
+    racer_t *r = arg;
+    while (!atomic_load(r->go)) {
+    }
+    cubuf__lock(r->lock);
+    ++*r->counter;
+    cubuf__unlock(r->lock);
+    return NULL;
+}
+
+static void test_revocation_windows(void)
+{
+    enum { ROUNDS = 10000 };
+    bool exact = true;
+    for (int r = 0; r < ROUNDS && exact; r++) {
+        cubuf_lock_t l = {0};
+        uint64_t counter = 0, mine = 0;
+        atomic_int go = 0;
+        racer_t rc = {&l, &counter, &go};
+        pthread_t t;
+        bump(&l, &counter);
+        T_CHECK(pthread_create(&t, NULL, revoke_once, &rc) == 0);
+        atomic_store(&go, 1);
+        for (bool owned = true; owned && mine < 50000000; mine++) {
+            cubuf__lock(&l);
+            owned = l.owned;
+            ++counter;
+            cubuf__unlock(&l);
+        }
+        pthread_join(t, NULL);
+        if (counter != 2 + mine) exact = false;
+    }
+    T_CHECK(exact);
+}
+
 /* Threads that all start on a fresh lock: one may claim it, the rest revoke;
  * the total is exact either way. */
 static void test_claim_race(void)
@@ -249,11 +297,13 @@ static void test_fork_child(void)
 
 int main(void)
 {
+    alarm(300); /* a lock left held would hang a test: fail it instead */
     bias = expected_bias();
     printf("test_lock: locks %s\n", bias ? "biased (membarrier)" : "shared from the start");
     test_owner_takes_no_word();
     test_revoke();
     test_exclusion_through_revocation();
+    test_revocation_windows();
     test_claim_race();
     test_owner_exited();
     test_two_held();
