@@ -85,6 +85,17 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* n workers of `iters` sections each on l, started together (go set). */
+static void start_workers(job_t *jobs, pthread_t *th, int n, cubuf_lock_t *l, uint64_t *counter,
+                          atomic_int *go, int iters)
+{
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (job_t){l, counter, go, iters, 0, false, false};
+        T_CHECK(pthread_create(&th[i], NULL, worker, &jobs[i]) == 0);
+    }
+    atomic_store(go, 1);
+}
+
 /* Another thread's first section revokes the owner: it holds the word, the
  * lock is shared for good, the old owner takes the word too. */
 static void test_revoke(void)
@@ -123,11 +134,7 @@ static void test_exclusion_through_revocation(void)
         bump(&l, &counter); /* main owns it (when biased) */
         job_t jobs[THREADS];
         pthread_t th[THREADS];
-        for (int i = 0; i < THREADS; i++) {
-            jobs[i] = (job_t){&l, &counter, &go, N, 0, false, false};
-            T_CHECK(pthread_create(&th[i], NULL, worker, &jobs[i]) == 0);
-        }
-        atomic_store(&go, 1);
+        start_workers(jobs, th, THREADS, &l, &counter, &go, N);
         for (bool owned = true; (owned || mine < 20) && mine < 100000000; mine++) {
             cubuf__lock(&l);
             owned = l.owned;
@@ -206,11 +213,7 @@ static void test_claim_race(void)
         atomic_int go = 0;
         job_t jobs[THREADS];
         pthread_t th[THREADS];
-        for (int i = 0; i < THREADS; i++) {
-            jobs[i] = (job_t){&l, &counter, &go, N, 0, false, false};
-            T_CHECK(pthread_create(&th[i], NULL, worker, &jobs[i]) == 0);
-        }
-        atomic_store(&go, 1);
+        start_workers(jobs, th, THREADS, &l, &counter, &go, N);
         int owners = 0;
         for (int i = 0; i < THREADS; i++) {
             pthread_join(th[i], NULL);
