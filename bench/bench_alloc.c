@@ -294,9 +294,10 @@ static void bench_pieces(bench_env_t *env)
         bench_die_st("pthread_create", CUBUF_ERROR_SYSTEM, __FILE__, __LINE__);
     pthread_join(t, NULL);
     piece_cubuf_lock(&piece_shared);
-    printf("  cubuf's lock + unlock as the lock's owner (%s): %.1f ns; shared, through its word: %.1f ns\n",
-           cubuf__lock_bias_on() ? "biased" : "bias off: shared too", piece_ns(piece_cubuf_lock, &piece_owned, n),
-           piece_ns(piece_cubuf_lock, &piece_shared, n));
+    printf("  cubuf's lock + unlock as the lock's owner (%s): %.1f ns; shared, through its word: "
+           "%.1f ns\n",
+           cubuf__lock_bias_on() ? "biased" : "bias off: shared too",
+           piece_ns(piece_cubuf_lock, &piece_owned, n), piece_ns(piece_cubuf_lock, &piece_shared, n));
     printf("  clock_gettime(CLOCK_MONOTONIC): %.1f ns\n", piece_ns(piece_clock, &sink, n));
 #if defined(__x86_64__)
     unsigned long long ticks = 0;
@@ -467,7 +468,8 @@ static void bench_adaptors(bench_env_t *env, cubuf_resource_t *r_pool, CUmemoryP
         alloc_arg_t pair[2] = {{4096, env->stream, user, env->ctx, NULL},
                                {4096, env->stream, ad[i], env->ctx, NULL}};
         pthread_t t;
-        if (pthread_create(&t, NULL, pair_both, pair) != 0) bench_die_st("pthread_create", CUBUF_ERROR_SYSTEM, __FILE__, __LINE__);
+        if (pthread_create(&t, NULL, pair_both, pair) != 0)
+            bench_die_st("pthread_create", CUBUF_ERROR_SYSTEM, __FILE__, __LINE__);
         pthread_join(t, NULL);
         char name[48];
         snprintf(name, sizeof name, "%s_shared", names[i]);

@@ -64,10 +64,11 @@ bool cubuf__lock_bias_on(void)
     return bias_on;
 }
 
-/* At load (CUBUF_LOCK_BIAS is read then): registering with membarrier waits for an RCU grace period (about
- * 10 ms, measured) once the process has several threads, as it has after
- * cuInit; a program that links cubuf is usually still single-threaded when
- * it loads, and registration is then immediate. */
+/* At load (CUBUF_LOCK_BIAS is read then): registering with membarrier
+ * waits for an RCU grace period (about 10 ms, measured) once the process
+ * has several threads, as it has after cuInit; a program that links cubuf
+ * is usually still single-threaded when it loads, and registration is then
+ * immediate. */
 __attribute__((constructor)) static void bias_at_load(void) { (void)cubuf__lock_bias_on(); }
 
 /* ---- the slow paths ------------------------------------------------------------ */
