@@ -221,15 +221,6 @@ static inline void prefetch_write(const void *p)
 #endif
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#endif
-}
-
 /* The ring is at least half full as last seen: read the tail again; wake
  * the writer once per tail it has left. When full, wait while the writer
  * frees space (it does every LOG_CHUNK events), spinning and yielding now
@@ -246,7 +237,7 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
     }
     int64_t give_up = 0;
     for (unsigned i = 1; h - r->tail_seen >= LOG_RING; i++) {
-        for (int k = 0; k < 32; k++) cpu_relax();
+        for (int k = 0; k < 32; k++) cubuf__cpu_relax();
         if (i % 64 == 0) sched_yield(); /* the writer may share this core */
         if (i % 16 == 0) {
             const int64_t now = mono_ns();

@@ -10,14 +10,6 @@
 
 #include "lock.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
 /* membarrier(2)'s commands (linux/membarrier.h), spelled out so the build
  * needs no kernel headers. */
 #define MB_CMD_QUERY 0
@@ -77,7 +69,7 @@ static void spin_until_clear(atomic_bool *flag)
 {
     unsigned spins = 0;
     while (atomic_load_explicit(flag, memory_order_acquire)) {
-        if (++spins < 256) cpu_relax();
+        if (++spins < 256) cubuf__cpu_relax();
         else sched_yield(); /* the holder may have been preempted */
     }
 }

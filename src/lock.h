@@ -54,6 +54,16 @@ static inline uintptr_t cubuf__lock_self(void)
 #endif
 }
 
+/* A spinning thread's pause (the log's full ring waits with it too). */
+static inline void cubuf__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* The owner's entry: the flag, then a second look (see above). */
 static inline bool cubuf__lock_enter_owned(cubuf_lock_t *l, uintptr_t self)
 {

@@ -2,7 +2,6 @@
  * allocation path (buffers and raw pointers alike), and user-defined
  * resources. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -27,17 +27,22 @@ static bool expected_bias(void)
 #endif
 }
 
-/* A section long enough to be caught in: a read, a pause, a write. Lost
- * updates (and TSan reports) show a section that was not exclusive. */
-static void bump(cubuf_lock_t *l, uint64_t *counter)
+/* A section long enough to be caught in: a read, a pause of `spins`, a
+ * write. Lost updates (and TSan reports) show a section that was not
+ * exclusive. Returns whether it was entered as the owner. */
+static bool section(cubuf_lock_t *l, uint64_t *counter, int spins)
 {
     cubuf__lock(l);
+    const bool owned = l->owned;
     uint64_t v = *counter;
-    for (volatile int i = 0; i < 16; i++) {
+    for (volatile int i = 0; i < spins; i++) {
     }
     *counter = v + 1;
     cubuf__unlock(l);
+    return owned;
 }
+
+static void bump(cubuf_lock_t *l, uint64_t *counter) { (void)section(l, counter, 16); }
 
 static void test_owner_takes_no_word(void)
 {
@@ -73,14 +78,9 @@ static void *worker(void *arg)
     j->self = cubuf__lock_self();
     while (j->go && !atomic_load(j->go)) sched_yield();
     for (int i = 0; i < j->n; i++) {
-        cubuf__lock(j->lock);
-        if (i == 0) j->owned_first = j->lock->owned;
-        if (i == j->n - 1) j->owned_last = j->lock->owned;
-        uint64_t v = *j->counter;
-        for (volatile int k = 0; k < 16; k++) {
-        }
-        *j->counter = v + 1;
-        cubuf__unlock(j->lock);
+        const bool owned = section(j->lock, j->counter, 16);
+        if (i == 0) j->owned_first = owned;
+        if (i == j->n - 1) j->owned_last = owned;
     }
     return NULL;
 }
@@ -135,15 +135,8 @@ static void test_exclusion_through_revocation(void)
         job_t jobs[THREADS];
         pthread_t th[THREADS];
         start_workers(jobs, th, THREADS, &l, &counter, &go, N);
-        for (bool owned = true; (owned || mine < 20) && mine < 100000000; mine++) {
-            cubuf__lock(&l);
-            owned = l.owned;
-            uint64_t v = counter;
-            for (volatile int k = 0; k < 100000; k++) {
-            }
-            counter = v + 1;
-            cubuf__unlock(&l);
-        }
+        for (bool owned = true; (owned || mine < 20) && mine < 100000000; mine++)
+            owned = section(&l, &counter, 100000);
         for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
         if (counter != 1 + mine + (uint64_t)THREADS * N) all_exact = false;
         if (atomic_load(&l.owner) != CUBUF_LOCK_SHARED || mine >= 100000000) revoked = false;
