@@ -13,10 +13,40 @@ void cbp_owner_release(void *owner)
     PyGILState_Release(g);
 }
 
+/* Objects of the two exact buffer types, kept at their dealloc for the
+ * next buffer (under the GIL; a free-threaded build keeps none): an
+ * allocate + close then makes no Python allocation and no collector
+ * bookkeeping besides tracking. Subclasses' objects are never kept. */
+#ifndef Py_GIL_DISABLED
+#define SPARE_MAX 32
+static BufferObject *spares[SPARE_MAX];
+static int n_spares;
+#endif
+
+static bool exact_buffer_type(PyTypeObject *type)
+{
+    return type == &cbp_Buffer_Type || type == &cbp_VirtualMemoryBuffer_Type;
+}
+
+void cbp_buffer_drop_spares(void)
+{
+#ifndef Py_GIL_DISABLED
+    while (n_spares) PyObject_GC_Del(spares[--n_spares]);
+#endif
+}
+
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
                          CUstream work_stream)
 {
-    BufferObject *b = PyObject_GC_New(BufferObject, type);
+    BufferObject *b;
+    const bool exact = exact_buffer_type(type);
+#ifndef Py_GIL_DISABLED
+    if (n_spares && exact)
+        b = (BufferObject *)PyObject_Init((PyObject *)spares[--n_spares], type);
+    else
+#endif
+    /* A subclass's object comes zeroed (its slots and dict) and tracked. */
+    b = exact ? PyObject_GC_New(BufferObject, type) : (BufferObject *)type->tp_alloc(type, 0);
     if (!b) {
         cubuf_buffer_release(buf);
         return NULL;
@@ -28,7 +58,7 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->stream_ref = NULL;
     b->work_stream = work_stream;
     b->weakreflist = NULL;
-    PyObject_GC_Track(b);
+    if (exact) PyObject_GC_Track(b);
     return (PyObject *)b;
 }
 
@@ -97,6 +127,12 @@ static void Buffer_dealloc(BufferObject *self)
     cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
     Buffer_clear(self);
     Py_CLEAR(self->stream_ref); /* only now: the release above may have used the stream */
+#ifndef Py_GIL_DISABLED
+    if (n_spares < SPARE_MAX && exact_buffer_type(Py_TYPE(self))) {
+        spares[n_spares++] = self; /* untracked, its references dropped */
+        return;
+    }
+#endif
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

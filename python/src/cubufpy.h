@@ -130,6 +130,8 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
  * mr and owner may be NULL (new references are taken). */
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
                          CUstream work_stream);
+/* Frees the buffer objects kept for reuse (at the module's release). */
+void cbp_buffer_drop_spares(void);
 /* Keeps the Python stream object `o` (not for ints and None) alive as long as
  * the buffer: the one its deallocation is recorded on. Returns buffer. */
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o);

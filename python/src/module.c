@@ -516,6 +516,7 @@ static PyMethodDef module_methods[] = {
 static void module_free(void *m)
 {
     cubuf_set_warning_handler(NULL, NULL);
+    cbp_buffer_drop_spares();
     for (int i = 0; i < CBP_MAX_DEVICES; i++) {
         if (handoff_events[i]) cubuf_event_destroy(handoff_events[i]);
         handoff_events[i] = NULL;

@@ -1,5 +1,9 @@
 """cuda.core's Buffer page on every built-in resource: methods, attributes,
 the exceptions the page names, and the bytes read back."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 import cubuf
@@ -153,6 +157,78 @@ def test_from_handle_three_modes(drv):
     assert mr.stats["current_count"] == 0
     with pytest.raises(RuntimeError, match="CUBUF_ERROR_CLOSED"):
         owned.set_deallocation_stream(S)
+
+
+def test_buffer_objects_reused_start_fresh(drv, stream):
+    """Buffer objects are kept at their release for the next buffer: a reused
+    one is tracked by the collector again, carries nothing of its last life
+    (weak references, owner, resource), and subclasses are never reused."""
+    import gc
+    import weakref
+
+    class Tagged(cubuf.Buffer):
+        __slots__ = ("note", "__dict__")
+
+    mr = cubuf.DeviceMemoryResource(0)
+    vmr = cubuf.VirtualMemoryResource(0, cubuf.VirtualMemoryResourceOptions(handle_type="posix_fd"))
+    keeper = bytearray(1)
+    ptr = drv.mem_alloc(4096)
+    for _ in range(3):  # fills the spares with buffers of both types and a view with an owner
+        old = [mr.allocate(4096, stream=stream) for _ in range(40)] + [vmr.allocate(1 << 21)]
+        refs = [weakref.ref(b) for b in old]
+        view = cubuf.Buffer.from_handle(ptr, 64, owner=keeper)
+        tagged = Tagged.from_ipc_descriptor(vmr, old[-1].ipc_descriptor, stream=stream)
+        tagged.note, tagged.extra = "a slot", "the subclass's dict"
+        tagged.close()
+        for b in old:
+            b.close()
+        del old, b, view, tagged
+        assert all(r() is None for r in refs)
+        new = [mr.allocate(4096, stream=stream) for _ in range(40)]
+        grown = vmr.allocate(1 << 21)
+        bare = cubuf.Buffer.from_handle(ptr, 32)
+        assert all(type(b) is cubuf.Buffer and gc.is_tracked(b) for b in new + [bare])
+        assert type(grown) is cubuf.VirtualMemoryBuffer and gc.is_tracked(grown)
+        assert all(b.memory_resource is mr and b.owner is None and b.size == 4096 for b in new)
+        assert bare.owner is None and bare.memory_resource is None and bare.size == 32
+        assert not hasattr(bare, "__dict__") and weakref.ref(new[0])() is new[0]
+        assert len({b.handle for b in new}) == 40 and mr.stats["current_count"] == 40
+        for b in new + [grown, bare]:
+            b.close()
+        del new, grown, bare
+    assert mr.stats["current_count"] == 0 and vmr.stats["current_count"] == 0
+    assert sys.getrefcount(keeper) == 2  # the view's owner reference went with it
+    drv.mem_free(ptr)
+
+
+SUBCLASS_FRESH = """
+import cubuf
+class Tagged(cubuf.Buffer):
+    __slots__ = ("note", "__dict__")
+vmr = cubuf.VirtualMemoryResource(0, cubuf.VirtualMemoryResourceOptions(handle_type="posix_fd"))
+exporter = vmr.allocate(1 << 21)
+for _ in range(4):
+    t = Tagged.from_ipc_descriptor(vmr, exporter.ipc_descriptor, stream=cubuf.default_stream())
+    try:
+        t.note
+        raise SystemExit("a slot never set has a value")
+    except AttributeError:
+        pass
+    assert t.__dict__ == {}
+    t.note = 1
+    t.close()
+exporter.close()
+print("fresh")
+"""
+
+
+def test_subclass_objects_start_zeroed():
+    """A Buffer subclass's object (from_ipc_descriptor on the subclass) comes
+    zeroed: its slots and dict. Python's debug allocator fills new memory with
+    0xCD, so a slot left unset would be a wild pointer there."""
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    r = subprocess.run([sys.executable, "-c", SUBCLASS_FRESH], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "fresh", r.stderr[-2000:]
 
 
 def test_from_handle_with_stream_records_it(drv, stream):
