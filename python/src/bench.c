@@ -26,7 +26,7 @@ PyObject *cbp_bench_c_alloc_close(PyObject *m, PyObject *args)
     cubuf_resource_t *r = ((ResourceObject *)res)->res;
     double t0 = now_ns();
     for (Py_ssize_t i = 0; i < iters; i++) {
-        cubuf_buffer_t *b;
+        cubuf_buffer_t *b = NULL; /* left unset by a failed allocate */
         cubuf_status_t st = cubuf_resource_allocate(r, (size_t)size, s, &b);
         if (st == CUBUF_SUCCESS) st = cubuf_buffer_close(b);
         cubuf_buffer_release(b);

@@ -82,6 +82,8 @@ static int Buffer_traverse(BufferObject *self, visitproc visit, void *arg)
     Py_VISIT(self->mr);
     Py_VISIT(self->owner);
     Py_VISIT(self->ipc);
+    Py_VISIT(self->stream_ref); /* not cleared by Buffer_clear (the dealloc needs it), but a cycle
+                                   through it is broken by clearing the stream object */
     return 0;
 }
 
@@ -351,7 +353,10 @@ static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, 
         (a[2] && a[2] != Py_None && cbp_stream(a[2], &s) < 0))
         return NULL;
     int64_t size = (int64_t)cubuf_buffer_size(self->buf);
-    int64_t cap = n >= 0 ? n : (pos >= 0 && pos <= size ? size - pos : 0);
+    /* never more than the buffer holds past pos: a larger nbytes is cubuf's
+     * OUT_OF_RANGE, not a MemoryError for the bytes object */
+    int64_t rest = pos >= 0 && pos <= size ? size - pos : 0;
+    int64_t cap = n >= 0 && n < rest ? n : rest;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
     if (!out) return NULL;
     size_t copied = 0;

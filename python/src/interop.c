@@ -60,6 +60,9 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
     if (a[2] && a[2] != Py_None) {
         int32_t want_t, want_id;
+        if (!PyTuple_Check(a[2]))
+            return PyErr_Format(PyExc_TypeError, "dl_device must be a (device_type, device_id) tuple, not %.200s",
+                                Py_TYPE(a[2])->tp_name);
         if (!PyArg_ParseTuple(a[2], "ii:dl_device", &want_t, &want_id)) return NULL;
         if (want_t != dt || want_id != did)
             return PyErr_Format(PyExc_BufferError, "__dlpack__: the buffer is on DLPack device (%d, %d), not (%d, %d)",
@@ -141,7 +144,9 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     int dt = 0, did = 0;
-    int ok = PyArg_ParseTuple(dev, "ii", &dt, &did);
+    int ok = PyTuple_Check(dev) ? PyArg_ParseTuple(dev, "ii", &dt, &did)
+                                : (PyErr_Format(PyExc_TypeError, "from_dlpack: __dlpack_device__ must return a "
+                                                "(device_type, device_id) tuple, not %.200s", Py_TYPE(dev)->tp_name), 0);
     Py_DECREF(dev);
     if (!ok) return NULL;
     PyObject *stream_arg = is_cuda_type(dt) ? api_stream_int(consumer) : Py_NewRef(Py_None);
@@ -250,6 +255,11 @@ PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled
         PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ must be a dict");
         goto out;
     }
+    /* Our own copy: the items below are borrowed, and the conversions run
+     * Python code (__int__, __index__, __cuda_stream__) that could change
+     * the producer's dict and free them. */
+    Py_SETREF(cai, PyDict_Copy(cai));
+    if (!cai) return NULL;
     PyObject *data = PyDict_GetItemString(cai, "data"), *sh = PyDict_GetItemString(cai, "shape");
     PyObject *ts = PyDict_GetItemString(cai, "typestr"), *st_ = PyDict_GetItemString(cai, "strides");
     PyObject *mask = PyDict_GetItemString(cai, "mask"), *stream = PyDict_GetItemString(cai, "stream");

@@ -3,6 +3,7 @@
  * multiprocessing duplicate the fds) or, without fds, through plain pickle. */
 #include "cubufpy.h"
 
+#include <limits.h>
 #include <unistd.h>
 
 PyObject *cbp_descriptor_new(cubuf_ipc_descriptor_t *desc)
@@ -67,6 +68,8 @@ static PyObject *Descriptor_from_wire(PyObject *unused, PyObject *args)
     PyObject *fdseq;
     if (!PyArg_ParseTuple(args, "y*O:_from_wire", &bytes, &fdseq)) return NULL;
     PyObject *seq = PySequence_Fast(fdseq, "fds must be a sequence of ints");
+    /* a tuple: an item's __index__ runs Python code that could change a list */
+    if (seq && !PyTuple_Check(seq)) Py_SETREF(seq, PySequence_Tuple(seq));
     if (!seq) {
         PyBuffer_Release(&bytes);
         return NULL;
@@ -80,7 +83,9 @@ static PyObject *Descriptor_from_wire(PyObject *unused, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (fd == -1 && PyErr_Occurred()) {
+        if (!(fd == -1 && PyErr_Occurred()) && (fd < 0 || fd > INT_MAX))
+            PyErr_Format(PyExc_ValueError, "fds: %ld is not a file descriptor", fd);
+        if (PyErr_Occurred()) {
             for (Py_ssize_t j = 0; j < i; j++) close(fds[j]);
             goto out;
         }

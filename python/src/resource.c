@@ -1,6 +1,7 @@
 /* Memory resources (cuda.core's MemoryResource family, VirtualMemoryResource) and CopyOptions. */
 #include "cubufpy.h"
 
+#include <limits.h>
 #include <string.h>
 
 #if PY_VERSION_HEX < 0x030C0000
@@ -285,6 +286,8 @@ static PyObject *ManagedResource_new(PyTypeObject *type, PyObject *args, PyObjec
     long loc = -2;
     if (v != Py_None) {
         loc = PyLong_Check(v) ? PyLong_AsLong(v) : (PyErr_SetString(PyExc_TypeError, "preferred_location must be an int or None"), -1);
+        if (!PyErr_Occurred() && (loc < INT_MIN || loc > INT_MAX))
+            PyErr_Format(PyExc_ValueError, "preferred_location %ld is not a device", loc);
     }
     Py_DECREF(v);
     if (PyErr_Occurred()) return NULL;
@@ -405,6 +408,8 @@ static int vmm_options(PyObject *o, cubuf_vmm_options_t *out)
     if (!lid) return -1;
     if (lid != Py_None) {
         long x = PyLong_Check(lid) ? PyLong_AsLong(lid) : (PyErr_SetString(PyExc_TypeError, "location_id must be an int or None"), -1);
+        if (!PyErr_Occurred() && (x < INT_MIN || x > INT_MAX))
+            PyErr_Format(PyExc_ValueError, "location_id %ld is out of range", x);
         if (PyErr_Occurred()) {
             Py_DECREF(lid);
             return -1;
@@ -417,6 +422,8 @@ static int vmm_options(PyObject *o, cubuf_vmm_options_t *out)
     if (peers != Py_None) {
         PyObject *seq = PySequence_Fast(peers, "peers must be an iterable of devices");
         Py_DECREF(peers);
+        /* a tuple: reading a device (device_id) runs Python code that could change a list */
+        if (seq && !PyTuple_Check(seq)) Py_SETREF(seq, PySequence_Tuple(seq));
         if (!seq) return -1;
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
         if (n > CUBUF_VMM_MAX_PEERS) {
@@ -548,6 +555,7 @@ static int location_hint(PyObject *v, const char *name, cubuf_location_hint_t *k
             long n = PyLong_AsLong(numa);
             if (n == -1 && PyErr_Occurred()) rc = -1;
             else if (n < 0) rc = (PyErr_Format(PyExc_ValueError, "%s: negative NUMA id", name), -1);
+            else if (n > INT_MAX) rc = (PyErr_Format(PyExc_ValueError, "%s: NUMA id %ld is out of range", name, n), -1);
             else *kind = CUBUF_LOCATION_HOST_NUMA, *id = (int)n;
         }
         Py_DECREF(numa);

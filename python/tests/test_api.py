@@ -210,6 +210,8 @@ def test_copy_options():
         cubuf.CopyOptions(src_access_order=1)
     with pytest.raises(ValueError):
         cubuf.CopyOptions(src_location_hint=cubuf.Host(-1))
+    with pytest.raises(ValueError, match="out of range"):  # not cut to int
+        cubuf.CopyOptions(src_location_hint=cubuf.Host(2**32))
     with pytest.raises(ValueError):
         cubuf.CopyOptions(dst_location_hint="device")
     with pytest.raises(TypeError):
@@ -260,3 +262,37 @@ def test_descriptor_from_wire_closes_fds_it_refuses():
         cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), (r,))  # a legacy descriptor carries no fd
     with pytest.raises(OSError):
         os.fstat(r)  # closed by the refused import: it was given away
+
+
+def test_descriptor_from_wire_fd_values():
+    """An fd outside int's range is refused (not cut to another, open, fd that
+    the refused import would close), and a list of fds that an item's
+    __index__ empties is read from a snapshot."""
+    import os
+    r, w = os.pipe()
+    try:
+        with pytest.raises(ValueError, match="not a file descriptor"):
+            cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), [r + 2**32])
+        os.fstat(r)  # still open
+        with pytest.raises(ValueError, match="not a file descriptor"):
+            cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), [-5])
+    finally:
+        os.close(r)
+        os.close(w)
+    fds, given = [], []
+
+    class Fd:
+        def __index__(self):
+            fds.clear()
+            r, w = os.pipe()
+            os.close(w)
+            given.append(r)
+            return r  # given away: closed by the refused import
+
+    fds.extend([Fd(), Fd(), Fd()])
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_DESCRIPTOR"):  # a legacy descriptor carries no fd
+        cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), fds)
+    assert len(given) == 3
+    for fd in given:
+        with pytest.raises(OSError):
+            os.fstat(fd)

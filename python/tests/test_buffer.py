@@ -316,6 +316,18 @@ def test_out_of_memory_is_cuda_error():
     assert e.value.status == "CUBUF_ERROR_OUT_OF_MEMORY"
 
 
+def test_benchmark_hook_reports_a_failed_allocation():
+    """The benchmark's C loop (bench/bench_python.py) raises for an allocation
+    that fails; it releases no buffer it never got."""
+    from cubuf import _cubuf
+    mr = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions(max_size=1 << 21))
+    for _ in range(3):
+        with pytest.raises(cubuf.CUDAError, match="CUBUF_ERROR_OUT_OF_MEMORY"):
+            _cubuf._bench_c_alloc_close(mr, 1 << 40, 1, cubuf.default_stream())
+    assert _cubuf._bench_c_alloc_close(mr, 4096, 4, cubuf.default_stream()) > 0
+    assert mr.stats["current_count"] == 0
+
+
 def test_resource_argument_errors():
     with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
         cubuf.DeviceMemoryResource(999)
@@ -327,6 +339,46 @@ def test_resource_argument_errors():
         cubuf.ManagedMemoryResource(cubuf.ManagedMemoryResourceOptions(preferred_location=-3))
     with pytest.raises(OverflowError):
         cubuf.DeviceMemoryResource(0).allocate(-1)
+    with pytest.raises(ValueError, match="preferred_location"):  # not cut to int (2**32 would be device 0)
+        cubuf.ManagedMemoryResource(cubuf.ManagedMemoryResourceOptions(preferred_location=2**32))
+
+
+def test_stream_object_in_a_cycle_with_its_buffer_is_collected(stream):
+    """The stream object a buffer keeps (its deallocation stream) is visited by
+    the collector: a stream object that refers back to the buffer is no leak."""
+    import gc
+    import weakref
+
+    class Wrapper:  # a framework's stream object, holding what was allocated on it
+        def __init__(self):
+            self.held = []
+
+        def __cuda_stream__(self):
+            return (0, stream.handle)
+
+    mr = cubuf.DeviceMemoryResource(0)
+    w = Wrapper()
+    b = mr.allocate(256, stream=w)
+    w.held.append(b)
+    refs = weakref.ref(b), weakref.ref(w)
+    del b, w
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
+    stream.sync()
+    assert mr.stats["current_count"] == 0
+
+
+def test_copy_to_host_nbytes_past_the_end_is_value_error():
+    """An nbytes past the buffer is cubuf's OUT_OF_RANGE whatever its size,
+    not a MemoryError for a bytes object of nbytes."""
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    for n in (65, 2**40, 2**62):
+        with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+            b.copy_to_host(nbytes=n)
+    with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
+        b.copy_to_host(position=2**40, nbytes=2**40)
+    assert b.copy_to_host(position=60, nbytes=4) == b.copy_to_host()[60:]
+    b.close()
 
 
 def test_stream_objects(stream):

@@ -124,6 +124,40 @@ def test_buffer_from_object(ctx):
         ctx.buffer_from_object(object())
 
 
+CAI_CHANGED = """
+import cubuf
+ctx = cubuf.Context(0)
+b = ctx.new_buffer(256)
+class Ptr:
+    def __init__(self, owner):
+        self.owner = owner
+    def __int__(self):
+        self.owner.cai.clear()  # frees the shape and strides the dict held
+        return b.handle
+class Producer:
+    @property
+    def __cuda_array_interface__(self):
+        self.cai = {"data": (Ptr(self), False), "shape": tuple([4, 8]), "strides": tuple([64, 4]),
+                    "typestr": "<u4", "version": 3, "stream": None}
+        return self.cai
+v = ctx.buffer_from_object(Producer())
+assert (v.handle, v.size) == (b.handle, 3 * 64 + 8 * 4), (v.handle, v.size)
+print("ok")
+"""
+
+
+def test_buffer_from_object_reads_a_dict_the_producer_changes():
+    """The __cuda_array_interface__ dict is read from a copy: converting its
+    data pointer (__int__) may change the producer's dict. Under the debug
+    allocator a freed shape tuple would be read as 0xDD bytes."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    r = subprocess.run([sys.executable, "-c", CAI_CHANGED], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_open_ipc_buffer_type_error(ctx):
     with pytest.raises(TypeError):
         ctx.open_ipc_buffer(b"handle")

@@ -95,6 +95,11 @@ def test_array_api_arguments():
         b.__dlpack__(1)  # keyword-only
     with pytest.raises(TypeError):
         b.__dlpack__(max_version=1)
+    with pytest.raises(TypeError, match="dl_device"):  # not SystemError
+        b.__dlpack__(dl_device=[2, 0])
+    with pytest.raises(TypeError, match="__dlpack_device__"):
+        cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: b.__dlpack__(**kw),
+                                           "__dlpack_device__": lambda self: [2, 0]})())
     s.sync()
 
 

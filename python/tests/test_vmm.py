@@ -67,11 +67,30 @@ def test_options_are_checked():
         cubuf.VirtualMemoryResource(0, O(addr_align=3))
     with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
         cubuf.VirtualMemoryResource(0, O(peers=(0,)))  # its own device
+    with pytest.raises(ValueError, match="location_id"):  # not cut to int
+        cubuf.VirtualMemoryResource(0, O(location_type="host_numa", location_id=2**32))
     with pytest.raises(ValueError, match="CUBUF_ERROR_OUT_OF_RANGE"):
         cubuf.VirtualMemoryResource(999)
     cfg = O(granularity="minimum", handle_type="posix_fd")
     mr = cubuf.VirtualMemoryResource(0, cfg)
     assert mr.config is cfg and mr.is_ipc_enabled
+
+
+def test_peers_list_changed_while_it_is_read():
+    """Reading a peer (its device_id) runs Python code, which may empty the
+    list the options hold: the devices are read from a snapshot."""
+    peers = []
+
+    class Dev:
+        @property
+        def device_id(self):
+            peers.clear()
+            return 0
+
+    peers.extend([Dev(), Dev(), Dev()])
+    with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):  # device 0 is its own device
+        cubuf.VirtualMemoryResource(0, cubuf.VirtualMemoryResourceOptions(peers=peers))
+    assert peers == []
 
 
 def test_host_location_is_host_accessible():
