@@ -142,6 +142,9 @@ class Producer:
         return self.cai
 v = ctx.buffer_from_object(Producer())
 assert (v.handle, v.size) == (b.handle, 3 * 64 + 8 * 4), (v.handle, v.size)
+v.close()
+b.close()
+ctx.synchronize()  # freed before exit: the sanitizer's leak check runs this test too
 print("ok")
 """
 
