@@ -314,9 +314,8 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
                 cs_unlock(t);
                 cubuf_status_t st = up_free(c, p, csize, on);
                 if (st != CUBUF_SUCCESS) {
-                    cs_lock(t); /* room is there: the pop made it */
-                    t->bins[k].ptrs[t->bins[k].n++] = p;
-                    cache_locked(c, t, csize);
+                    cs_lock(t); /* another free may have filled the slot meanwhile: push, not store */
+                    if (slot_push(&t->bins[k], p)) cache_locked(c, t, csize);
                     cs_unlock(t);
                     if (first == CUBUF_SUCCESS) first = st;
                     goto next_stream;
@@ -382,9 +381,8 @@ static bool steal(caching_t *c, cstream_t *cs, unsigned k, CUstream stream, uint
         if (st == CUBUF_SUCCESS) st = CU(cuEventRecord, c->event, t->stream);
         if (st == CUBUF_SUCCESS) st = CU(cuStreamWaitEvent, stream, c->event, 0);
         if (st != CUBUF_SUCCESS) { /* unordered: the block stays where it was */
-            cs_lock(t);
-            t->bins[k].ptrs[t->bins[k].n++] = *out;
-            cache_locked(c, t, csize);
+            cs_lock(t); /* the slot may have filled while unlocked: push, not store */
+            if (slot_push(&t->bins[k], *out)) cache_locked(c, t, csize);
             cs_unlock(t);
             got = false;
         }

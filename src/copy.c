@@ -294,7 +294,7 @@ static cubuf_status_t batch_plain(const cubuf_copy_t *copies, size_t count, CUst
         cubuf_status_t st = CU(cuMemcpyAsync, copies[i].dst, copies[i].src, copies[i].size, stream);
         if (st != CUBUF_SUCCESS) {
             cubuf__detail_append("cubuf_copy_batch: copy %zu of %zu bytes", i, copies[i].size);
-            *failed = i;
+            if (failed) *failed = i;
             return st;
         }
     }
