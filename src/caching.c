@@ -268,6 +268,24 @@ static void snapshot_locked(caching_t *c, snapshot_t *s)
     s->live_count = (size_t)lc + atomic_load(&c->large_count);
 }
 
+/* Caches again on t a block of class k popped from it that could not go
+ * where it was going. Another free may have filled the slot while it was
+ * unlocked, so this pushes (and may grow the slot); without the host memory
+ * for that the block is lost, and said so. */
+static void keep_block(caching_t *c, cstream_t *t, unsigned k, CUdeviceptr p, const char *after)
+{
+    const size_t csize = class_bytes(k);
+    cs_lock(t);
+    const bool kept = slot_push(&t->bins[k], p);
+    if (kept) cache_locked(c, t, csize);
+    cs_unlock(t);
+    if (!kept)
+        cubuf__warn(CUBUF_ERROR_OUT_OF_MEMORY,
+                    "caching resource: a cached block of %zu bytes at 0x%llx could not be cached "
+                    "again after %s (out of host memory): it is lost to the cache and stays held",
+                    csize, (unsigned long long)p, after);
+}
+
 /* Gives cached blocks back to the upstream until at most `keep` cached
  * bytes remain, only those of `only` when it is not NULL, each ordered on
  * its stream; `sync` then synchronizes each stream that gave blocks back.
@@ -314,9 +332,7 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
                 cs_unlock(t);
                 cubuf_status_t st = up_free(c, p, csize, on);
                 if (st != CUBUF_SUCCESS) {
-                    cs_lock(t); /* another free may have filled the slot meanwhile: push, not store */
-                    if (slot_push(&t->bins[k], p)) cache_locked(c, t, csize);
-                    cs_unlock(t);
+                    keep_block(c, t, k, p, "a failed give-back");
                     if (first == CUBUF_SUCCESS) first = st;
                     goto next_stream;
                 }
@@ -381,9 +397,7 @@ static bool steal(caching_t *c, cstream_t *cs, unsigned k, CUstream stream, uint
         if (st == CUBUF_SUCCESS) st = CU(cuEventRecord, c->event, t->stream);
         if (st == CUBUF_SUCCESS) st = CU(cuStreamWaitEvent, stream, c->event, 0);
         if (st != CUBUF_SUCCESS) { /* unordered: the block stays where it was */
-            cs_lock(t); /* the slot may have filled while unlocked: push, not store */
-            if (slot_push(&t->bins[k], *out)) cache_locked(c, t, csize);
-            cs_unlock(t);
+            keep_block(c, t, k, *out, "a failed ordering across streams");
             got = false;
         }
     }

@@ -332,6 +332,102 @@ static void test_trim_threshold_forget(void)
     finish(c, up, &u);
 }
 
+/* A free that fills a slot while a trim is giving one of its blocks back:
+ * the upstream's deallocation frees another block of the class on the
+ * stream (the slot is full again) and then fails, so the trim must push
+ * its block back, growing the slot, not store it past the end. */
+typedef struct reenter {
+    cubuf_resource_t *cache;
+    CUdeviceptr p;
+    bool armed, fail_grow; /* fail_grow: the slot cannot grow for the put-back */
+} reenter_t;
+static reenter_t g_reenter;
+static int g_warned;
+static char g_warning[1024], g_hex[32];
+
+static void count_warning(cubuf_status_t st, const char *message, void *user)
+{
+    (void)user;
+    if (st == CUBUF_ERROR_OUT_OF_MEMORY) g_warned++;
+    snprintf(g_warning, sizeof g_warning, "%s", message);
+}
+
+static cubuf_status_t up_dealloc_reenter(void *state, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    if (!g_reenter.armed) return up_dealloc(state, ptr, size, stream);
+    g_reenter.armed = false;
+    T_OK(cubuf_caching_deallocate(g_reenter.cache, g_reenter.p, 512, S1));
+    if (g_reenter.fail_grow) cubuf_fault_fail_alloc_nth(1);
+    return CUBUF_ERROR_DRIVER;
+}
+
+static void test_trim_putback_full_slot(void)
+{
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, up_alloc,
+                                             up_dealloc_reenter, up_destroy};
+    host_up_t u;
+    memset(&u, 0, sizeof u);
+    pthread_mutex_init(&u.mutex, NULL);
+    u.limit = SIZE_MAX;
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true;
+    cubuf_resource_t *up = NULL, *c = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, &props, &u, &up));
+    T_REQUIRE(cubuf_caching_resource_create(up, NULL, &c));
+    enum { N = 8 }; /* a slot's first capacity */
+    CUdeviceptr p[N + 1];
+    for (int i = 0; i <= N; i++) T_OK(cubuf_caching_allocate(c, 512, S1, &p[i]));
+    for (int i = 0; i < N; i++) T_OK(cubuf_caching_deallocate(c, p[i], 512, S1));
+    T_CHECK(stats_of(c).cached_count == N);
+    g_reenter = (reenter_t){c, p[N], true, false};
+    T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_DRIVER);
+    T_CHECK(!g_reenter.armed);
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.cached_count == N + 1 && s.cached_bytes == (N + 1) * 512);
+    T_CHECK(s.live_count == 0 && s.held_bytes == (N + 1) * 512 && u.live == N + 1);
+    /* every block comes back once from the cache, and each goes back upstream */
+    CUdeviceptr q[N + 1];
+    for (int i = 0; i <= N; i++) T_OK(cubuf_caching_allocate(c, 512, S1, &q[i]));
+    T_CHECK(stats_of(c).misses == N + 1); /* only the first allocations missed */
+    int found = 0;
+    for (int i = 0; i <= N; i++)
+        for (int j = 0; j <= N; j++) found += q[i] == p[j];
+    T_CHECK(found == N + 1);
+    for (int i = 0; i <= N; i++) T_OK(cubuf_caching_deallocate(c, q[i], 512, S1));
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(u.live == 0 && stats_of(c).held_bytes == 0);
+
+    /* Again with no host memory for the slot to grow (it holds 16 now):
+     * the block is lost to the cache, with a warning, and stays held. */
+    enum { M = 16 };
+    CUdeviceptr r[M + 1];
+    for (int i = 0; i <= M; i++) T_OK(cubuf_caching_allocate(c, 512, S1, &r[i]));
+    for (int i = 0; i < M; i++) T_OK(cubuf_caching_deallocate(c, r[i], 512, S1));
+    g_reenter = (reenter_t){c, r[M], true, true};
+    g_warned = 0;
+    cubuf_set_warning_handler(count_warning, NULL);
+    T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_DRIVER);
+    cubuf_set_warning_handler(NULL, NULL);
+    T_CHECK(cubuf_fault_fired());
+    cubuf_fault_reset();
+    T_CHECK(g_warned == 1 && strstr(g_warning, "could not be cached again after a failed give-back"));
+    s = stats_of(c);
+    T_CHECK(s.cached_count == M && s.held_bytes == (M + 1) * 512 && u.live == M + 1);
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(u.live == 1 && stats_of(c).held_bytes == 512);
+    /* the lost block is the one the trim took last: hand it back by hand */
+    CUdeviceptr lost = 0;
+    for (int i = 0; i <= M && !lost; i++)
+        if (strstr(g_warning, (snprintf(g_hex, sizeof g_hex, "0x%llx ", (unsigned long long)r[i]), g_hex)))
+            lost = r[i];
+    T_CHECK(lost != 0);
+    if (lost) T_OK(up_dealloc(&u, lost, 512, S1));
+    T_CHECK(u.live == 0);
+    cubuf_resource_release(c); /* held_bytes counts the lost block: the cache's end says nothing of it */
+    cubuf_resource_release(up);
+    T_CHECK(u.destroys == 1);
+}
+
 static void test_oom_retry(void)
 {
     host_up_t u;
@@ -627,6 +723,7 @@ int main(void)
     test_hits_misses();
     test_cross_stream_and_large();
     test_trim_threshold_forget();
+    test_trim_putback_full_slot();
     test_oom_retry();
     test_faults();
     test_threads();

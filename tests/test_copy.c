@@ -439,6 +439,13 @@ static void test_options(void)
     o = opts(CUBUF_SRC_ACCESS_ANY);
     T_OK(cubuf_buffer_copy_from(a, c, s, &o));
     T_CHECK(device_has_pattern(a, 5));
+    /* A failed plain copy on that path: a status, not a write through the
+     * batch's NULL failed index, and the destination as it was. */
+    T_CHECK(cubuf_fault_fail_nth("cuMemcpyAsync", 1, CUDA_ERROR_ILLEGAL_ADDRESS));
+    T_STATUS(cubuf_buffer_copy_from(a, b, s, &o), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_last_cuda_result() == CUDA_ERROR_ILLEGAL_ADDRESS);
+    cubuf_fault_reset();
+    T_CHECK(device_has_pattern(a, 5));
     /* DURING_API_CALL needs nothing from the driver: cubuf keeps it. */
     o = opts(CUBUF_SRC_ACCESS_DURING_API_CALL);
     T_OK(cubuf_buffer_copy_from(a, b, s, &o));

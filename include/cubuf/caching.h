@@ -61,7 +61,10 @@
  *  - Thread safety: every function is thread-safe. Each stream has its own
  *    small lock, and each thread remembers the streams it used, so callers
  *    on different streams share no lock on a hit or a free; misses, trims
- *    and statistics take the resource's lock.
+ *    and statistics take the resource's lock. A trim, a release-and-retry
+ *    and the resource's end call the upstream's deallocate while holding
+ *    that lock (so that no steal sees a block half given back): an
+ *    upstream must not call back into the caching resource above it.
  *
  * The caching resource is a resource like any other: cubuf_resource_allocate,
  * cubuf_resource_allocate_raw, buffers, cubuf_resource_release. Its
