@@ -22,6 +22,9 @@ typedef struct cubuf_ptrmap {
 /* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
  * map must grow and cannot; the map is unchanged then. */
 cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
+/* Makes room for `n` inserts beyond the `used` entries, so that they need
+ * no memory: CUBUF_ERROR_OUT_OF_MEMORY when the map cannot grow to it. */
+cubuf_status_t cubuf__ptrmap_reserve(cubuf_ptrmap_t *m, size_t n);
 /* Adds back an entry taken out with remove, whatever was added since: no
  * new memory is needed while the map keeps a free slot (inserts keep it at
  * most half full, so only as many put-backs as threads at once can fill it

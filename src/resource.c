@@ -317,6 +317,7 @@ void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf)
 struct cubuf_raw_map {
     pthread_mutex_t lock;
     cubuf_ptrmap_t map;
+    size_t reserved; /* inserts of allocations under way, room made for each */
 };
 
 static void raw_map_free(struct cubuf_raw_map *m)
@@ -351,20 +352,29 @@ static cubuf_status_t raw_keep_allocate(cubuf_resource_t *res, size_t size,
 {
     struct cubuf_raw_map *m = raw_map(res);
     if (!m) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate the raw allocation map");
+    /* Room in the map first, so that a failure there leaves nothing to undo
+     * (the statistics of an allocation made and freed would keep it). */
+    pthread_mutex_lock(&m->lock);
+    cubuf_status_t st = cubuf__ptrmap_reserve(&m->map, m->reserved + 1);
+    if (st == CUBUF_SUCCESS) m->reserved++;
+    pthread_mutex_unlock(&m->lock);
+    if (st != CUBUF_SUCCESS) return st;
     cubuf_buffer_t *buf = NULL;
     CUcontext current = in_ctx ? on->ctx : NULL;
-    cubuf_status_t st = allocate_buffer(res, size, on->stream, current, &buf, charge);
-    if (st != CUBUF_SUCCESS) return st;
-    const cubuf_ptr_entry_t e = {buf->ptr, size, buf, NULL, 0};
+    st = allocate_buffer(res, size, on->stream, current, &buf, charge);
     pthread_mutex_lock(&m->lock);
-    st = cubuf__ptrmap_insert(&m->map, &e);
-    pthread_mutex_unlock(&m->lock);
-    if (st != CUBUF_SUCCESS) {
-        cubuf_buffer_release(buf); /* frees it: nobody saw the pointer */
-        return st;
+    m->reserved--;
+    if (st == CUBUF_SUCCESS) {
+        const cubuf_ptr_entry_t e = {buf->ptr, size, buf, NULL, 0};
+        /* An entry of the same pointer is a free that returned it upstream
+         * and has not yet taken its entry out: this one takes its place. */
+        cubuf_ptr_entry_t *stale = cubuf__ptrmap_find(&m->map, e.ptr);
+        if (stale) *stale = e;
+        else (void)cubuf__ptrmap_insert(&m->map, &e); /* cannot fail: reserved */
     }
-    *ptr = buf->ptr;
-    return CUBUF_SUCCESS;
+    pthread_mutex_unlock(&m->lock);
+    if (st == CUBUF_SUCCESS) *ptr = buf->ptr;
+    return st;
 }
 
 static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr, size_t size,
@@ -402,8 +412,10 @@ static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr
     if (st != CUBUF_SUCCESS) cubuf__buffer_set_token(buf, &saved);
     cubuf_ptr_entry_t gone;
     pthread_mutex_lock(&m->lock);
-    if (st == CUBUF_SUCCESS) (void)cubuf__ptrmap_remove(&m->map, ptr, &gone);
-    else if ((e = cubuf__ptrmap_find(&m->map, ptr))) e->c = 0; /* still allocated */
+    e = cubuf__ptrmap_find(&m->map, ptr);
+    if (e && st != CUBUF_SUCCESS) e->c = 0; /* still allocated */
+    else if (e && e->a == buf) (void)cubuf__ptrmap_remove(&m->map, ptr, &gone);
+    /* else a new allocation of the pointer took the entry over: it stays */
     pthread_mutex_unlock(&m->lock);
     if (st != CUBUF_SUCCESS) return st;
     cubuf__resource_unref(res);

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "alloc_fault_test.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -158,6 +158,32 @@ static void test_vmm_raw(void)
     s = stats_of(st);
     T_CHECK(s.current_bytes == 0 && s.current_requested == 0 && s.total_requested == 1000);
     T_CHECK(stats_of(vmm).current_bytes == 0);
+    /* Each host allocation of the raw path failed in turn, on a fresh
+     * resource (whose pointer map is still to be made and grown): a status,
+     * no pointer, and the statistics as they were (totals and peaks too). */
+    cubuf_resource_t *fresh = NULL;
+    T_REQUIRE(cubuf_vmm_resource_create(0, NULL, &fresh));
+    const cubuf_statistics_t before = stats_of(fresh);
+    int rounds = 0;
+    for (unsigned nth = 1; nth < 100; nth++, rounds++) {
+        t_fail_alloc_nth(nth);
+        CUdeviceptr q = 0;
+        cubuf_status_t rs = cubuf_resource_allocate_raw(fresh, 3 * gran, g_s, &q);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        if (rs == CUBUF_SUCCESS) {
+            T_CHECK(!fired && q != 0);
+            T_OK(cubuf_resource_deallocate_raw(fresh, q, 3 * gran, g_s));
+            break;
+        }
+        T_STATUS(rs, CUBUF_ERROR_OUT_OF_MEMORY);
+        cubuf_statistics_t now = stats_of(fresh);
+        T_CHECK(q == 0 && now.current_bytes == 0 && now.total_count == before.total_count);
+        T_CHECK(now.peak_bytes == before.peak_bytes && now.total_requested == before.total_requested);
+    }
+    T_CHECK(rounds >= 2);
+    printf("raw virtual memory host allocation faults: %d rounds\n", rounds);
+    cubuf_resource_release(fresh);
     cubuf_resource_release(st);
     T_HELD_BACK(held0, "raw virtual memory through an adaptor");
     cubuf_resource_release(vmm);
