@@ -1060,7 +1060,8 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, co
  * `base` (pyarrow's base; may be NULL) is a buffer that owns the memory: the
  * view depends on it as a slice does (cubuf_buffer_slice: it is kept alive,
  * and cannot be closed while the view is open); the range must lie inside
- * it. `owner` (may be NULL) is released through `release` (may be NULL)
+ * it (an empty one too: its address within [base, base + size]; address 0
+ * with size 0 is inside any base). `owner` (may be NULL) is released through `release` (may be NULL)
  * exactly once, when the view closes or its last reference goes (see
  * cubuf_buffer_wrap_external); on failure release is not called, base is
  * not retained, and the caller keeps both. The address may be host or

@@ -163,7 +163,10 @@ static cubuf_status_t context_view(cubuf_context_t *ctx, CUdeviceptr ptr, size_t
     cubuf_status_t st = CUBUF_SUCCESS;
     if (base) {
         if ((st = cubuf__buffer_check_open(base, what)) != CUBUF_SUCCESS) return st;
-        if (size && (ptr < base->ptr || size > base->size || ptr - base->ptr > base->size - size))
+        /* An empty range too must be inside (its end may be base's end);
+         * address 0 with size 0 is the empty buffer, inside any base. */
+        if ((ptr || size) &&
+            (ptr < base->ptr || ptr - base->ptr > base->size || size > base->size - (ptr - base->ptr)))
             return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
                                "%s: [0x%llx, +%zu) is not inside the base buffer [0x%llx, +%zu)",
                                what, (unsigned long long)ptr, size,

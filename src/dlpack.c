@@ -129,6 +129,10 @@ static cubuf_status_t export_tensor(cubuf_buffer_t *buf, const cubuf_dlpack_opti
         CHECK_ARG(size % itemsize == 0,
                   "%s: a buffer of %zu bytes is not a whole number of %zu-byte elements", what,
                   size, itemsize);
+        if (size / itemsize > (size_t)INT64_MAX)
+            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE,
+                               "%s: a buffer of %zu bytes holds more %zu-byte elements than an "
+                               "int64 extent counts", what, size, itemsize);
         whole = (int64_t)(size / itemsize);
         o.ndim = 1;
         o.shape = &whole;

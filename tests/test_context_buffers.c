@@ -440,8 +440,24 @@ static void test_view_base(cubuf_context_t *c)
     T_STATUS(cubuf_context_buffer_from_strided(c, cubuf_buffer_ptr(base), 1, ((int64_t[]){2}),
                                                ((int64_t[]){4096}), 1, base, NULL, NULL, &v),
              CUBUF_ERROR_OUT_OF_RANGE);
+    /* An empty range outside the base, before it and past its end; an
+     * empty strided array there. */
+    T_STATUS(cubuf_context_foreign_buffer(c, cubuf_buffer_ptr(base) - 1, 0, base, NULL, NULL, &v),
+             CUBUF_ERROR_OUT_OF_RANGE);
+    T_STATUS(cubuf_context_foreign_buffer(c, cubuf_buffer_ptr(base) + 4097, 0, base, NULL, NULL, &v),
+             CUBUF_ERROR_OUT_OF_RANGE);
+    T_STATUS(cubuf_context_buffer_from_strided(c, cubuf_buffer_ptr(base) + 8192, 1, ((int64_t[]){0}),
+                                               ((int64_t[]){4}), 4, base, NULL, NULL, &v),
+             CUBUF_ERROR_OUT_OF_RANGE);
     T_CHECK(v == (cubuf_buffer_t *)&v && cubuf__inspect_buffer_refs(base) == 1 &&
             cubuf__inspect_open_slices(base) == 0 && releases == 1);
+    /* Empty ranges inside: at the base's end, and the empty buffer. */
+    T_OK(cubuf_context_foreign_buffer(c, cubuf_buffer_ptr(base) + 4096, 0, base, NULL, NULL, &v));
+    T_CHECK(cubuf_buffer_size(v) == 0);
+    cubuf_buffer_release(v);
+    T_OK(cubuf_context_foreign_buffer(c, 0, 0, base, NULL, NULL, &v));
+    T_CHECK(cubuf_buffer_size(v) == 0 && cubuf_buffer_ptr(v) == 0);
+    cubuf_buffer_release(v);
     T_OK(cubuf_buffer_close(base));
     T_STATUS(cubuf_context_foreign_buffer(c, 0, 0, base, NULL, NULL, &v), CUBUF_ERROR_CLOSED);
     cubuf_buffer_release(base);

@@ -45,6 +45,17 @@ static cubuf_buffer_t *host_buffer(size_t size)
     return b;
 }
 
+static cubuf_status_t vast_alloc(void *state, size_t size, CUstream stream, CUdeviceptr *ptr)
+{
+    *ptr = 0x10000; /* nothing is read or written through it */
+    return CUBUF_SUCCESS;
+}
+
+static cubuf_status_t vast_free(void *state, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    return CUBUF_SUCCESS;
+}
+
 static void *ptr_of(const cubuf_buffer_t *b) { return (void *)(uintptr_t)cubuf_buffer_ptr(b); }
 
 /* A buffer with no tensor left on it closes (no slice was leaked). */
@@ -270,6 +281,29 @@ static void test_export_layouts(void)
     o.shape = big_items;
     o.dtype = (DLDataType){kDLFloat, 64, 1}; /* elements fit in int64, bytes do not */
     export_fails(b, &o, CUBUF_ERROR_OUT_OF_RANGE, "overflows");
+
+    /* ndim 0 over a buffer of more bytes than an int64 extent counts (a
+     * resource that hands out address space without memory behind it). */
+    {
+        static const cubuf_resource_ops_t vast_ops = {CUBUF_RESOURCE_OPS_VERSION, vast_alloc,
+                                                      vast_free, NULL};
+        cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+        props.host_accessible = true;
+        cubuf_resource_t *vast = NULL;
+        T_REQUIRE(cubuf_resource_create(&vast_ops, &props, NULL, &vast));
+        cubuf_buffer_t *v = NULL;
+        T_REQUIRE(cubuf_resource_allocate(vast, (size_t)INT64_MAX + 1, HOST_STREAM, &v));
+        o = (cubuf_dlpack_options_t)CUBUF_DLPACK_OPTIONS_INIT;
+        o.dtype = (DLDataType){kDLUInt, 8, 1};
+        export_fails(v, &o, CUBUF_ERROR_OUT_OF_RANGE, "int64 extent");
+        o.dtype = (DLDataType){kDLUInt, 16, 1}; /* 2^62 elements: exported */
+        DLManagedTensorVersioned *vt = NULL;
+        T_OK(cubuf_buffer_to_dlpack(v, &o, &vt));
+        T_CHECK(vt && vt->dl_tensor.ndim == 1 && vt->dl_tensor.shape[0] == (int64_t)1 << 62);
+        if (vt) vt->deleter(vt);
+        close_released(v);
+        cubuf_resource_release(vast);
+    }
 
     /* Arguments and struct sizes. */
     o = (cubuf_dlpack_options_t)CUBUF_DLPACK_OPTIONS_INIT;

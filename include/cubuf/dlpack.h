@@ -267,7 +267,8 @@ typedef struct cubuf_dlpack_options {
  * extent; with ndim 0, a buffer size that is not a multiple of the
  * itemsize), CUBUF_ERROR_CLOSED (buf is closed), CUBUF_ERROR_OUT_OF_RANGE
  * (the elements reach more bytes than the buffer holds, or the layout's
- * arithmetic overflows 64 bits; the detail names the sizes),
+ * arithmetic overflows 64 bits, or with ndim 0 the buffer holds more
+ * elements than an int64 extent counts; the detail names the sizes),
  * CUBUF_ERROR_NOT_SUPPORTED (as cubuf_buffer_dlpack_device),
  * CUBUF_ERROR_OUT_OF_MEMORY.
  * Thread-safety: several threads may export one buffer at once; exporting
