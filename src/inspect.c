@@ -10,6 +10,12 @@ void cubuf__inspect_dealloc(const cubuf_buffer_t *buf, CUstream *stream, CUconte
 
 int cubuf__inspect_buffer_refs(const cubuf_buffer_t *buf) { return atomic_load(&buf->refs); }
 
+void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release_fn *release)
+{
+    *release = buf->owner_release;
+    return buf->owner_release ? buf->owner : NULL;
+}
+
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }
 
 size_t cubuf__inspect_resource_refs(cubuf_resource_t *res)

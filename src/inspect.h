@@ -1,6 +1,6 @@
-/* What tests and benchmarks may read of cubuf's private state, through
- * functions rather than struct fields, so the structs can change without
- * them (inspect.c). Private: never installed. */
+/* What tests, benchmarks and the Python package may read of cubuf's
+ * private state, through functions rather than struct fields, so the
+ * structs can change without them (inspect.c). Private: never installed. */
 #ifndef CUBUF_INSPECT_H
 #define CUBUF_INSPECT_H
 
@@ -12,6 +12,10 @@ void cubuf__inspect_dealloc(const cubuf_buffer_t *buf, CUstream *stream, CUconte
 /* References to buf, and its open slices (views with it as base). */
 int cubuf__inspect_buffer_refs(const cubuf_buffer_t *buf);
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf);
+/* The owner buf itself holds (not a parent's) and the function that will
+ * release it, or NULL (and *release NULL) when it has none or has released
+ * it. The Python package reads it to show its GC the reference. */
+void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release_fn *release);
 /* References to res (callers and open buffers). */
 size_t cubuf__inspect_resource_refs(cubuf_resource_t *res);
 /* The device of a context, and its device pool or pinned host pool

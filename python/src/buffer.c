@@ -1,6 +1,7 @@
 /* cubuf.Buffer and cubuf.VirtualMemoryBuffer (cuda.core's Buffer page). */
 #include "cubufpy.h"
 
+#include "inspect.h"
 #include "internal.h" /* the capture query: which exception a refused copy gets */
 
 void cbp_owner_release(void *owner)
@@ -77,10 +78,26 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return NULL;
 }
 
+/* Whether the C buffer's own reference to the owner (taken for
+ * cbp_owner_release) is this object's alone: the buffer is open, held by
+ * this object only (no slice, no DLPack tensor) and holds self->owner. The
+ * GC then sees that reference through this object too, so that a cycle
+ * through the owner (an owner that holds its Buffer) is collected. Read
+ * under the GIL: the C references only other holders add are not there,
+ * and one a consumer drops meanwhile at worst leaves the cycle for the
+ * next collection. */
+static bool owner_ref_is_ours(const BufferObject *self)
+{
+    if (!self->owner || !self->buf || cubuf__inspect_buffer_refs(self->buf) != 1) return false;
+    cubuf_owner_release_fn release;
+    return cubuf__inspect_buffer_owner(self->buf, &release) == self->owner && release == cbp_owner_release;
+}
+
 static int Buffer_traverse(BufferObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->mr);
     Py_VISIT(self->owner);
+    if (owner_ref_is_ours(self)) Py_VISIT(self->owner);
     Py_VISIT(self->ipc);
     Py_VISIT(self->stream_ref); /* not cleared by Buffer_clear (the dealloc needs it), but a cycle
                                    through it is broken by clearing the stream object */
@@ -89,6 +106,9 @@ static int Buffer_traverse(BufferObject *self, visitproc visit, void *arg)
 
 static int Buffer_clear(BufferObject *self)
 {
+    /* The close releases the C buffer's reference to the owner (a view's
+     * close frees nothing else); the object stays a closed Buffer. */
+    if (owner_ref_is_ours(self)) (void)cubuf_buffer_close(self->buf);
     Py_CLEAR(self->mr);
     Py_CLEAR(self->ipc);
     Py_CLEAR(self->owner);

@@ -104,6 +104,30 @@ def test_owner_is_kept_and_released_once():
     assert sys.getrefcount(owner) == before
 
 
+def test_owner_that_holds_its_buffer_is_collected():
+    """A cycle through the owner (the owner holds its Buffer, whose C buffer
+    holds the owner) is collected: the GC sees the C buffer's reference."""
+    import gc
+    import weakref
+
+    class Owner:
+        pass
+
+    o = Owner()
+    o.buf = cubuf.Buffer.from_handle(0, 0, owner=o)
+    refs = weakref.ref(o), weakref.ref(o.buf)
+    del o
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
+    # Held by something else as well, the owner stays (and so does the buffer).
+    o = Owner()
+    o.buf = cubuf.Buffer.from_handle(0, 0, owner=o)
+    keep = o
+    del o
+    gc.collect()
+    assert keep.buf.owner is keep and not keep.buf.is_closed
+
+
 def test_fill_checks_its_value_first():
     b = cubuf.Buffer.from_handle(0, 0)
     s = cubuf.default_stream()

@@ -86,6 +86,41 @@ def test_foreign_buffer_and_base(ctx):
         ctx.foreign_buffer(other.handle, 128, other)
 
 
+def test_owner_cycles_are_collected(ctx):
+    """foreign_buffer's base and buffer_from_object's object may hold the view
+    made of them: the cycle is collected, the base kept while it is in use."""
+    import gc
+    import weakref
+
+    b = ctx.new_buffer(64)
+
+    class Holder:
+        def __init__(self, ptr):
+            self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (64,), "typestr": "|u1",
+                                             "version": 3, "stream": None}
+
+    h = Holder(b.handle)
+    h.view = ctx.buffer_from_object(h)
+    k = Holder(b.handle)
+    k.view = ctx.foreign_buffer(b.handle, 64, base=k)
+    refs = [weakref.ref(x) for x in (h, h.view, k, k.view)]
+    del h, k
+    gc.collect()
+    assert all(r() is None for r in refs)
+    # A DLPack capsule holds the view: nothing is collected, the view stays open.
+    k = Holder(b.handle)
+    k.view = ctx.foreign_buffer(b.handle, 64, base=k)
+    capsule = k.view.__dlpack__(stream=-1)
+    ref = weakref.ref(k)
+    del k
+    gc.collect()
+    assert ref() is not None and not ref().view.is_closed
+    del capsule
+    gc.collect()
+    assert ref() is None
+    b.close()
+
+
 def test_get_device_address(ctx):
     b = ctx.new_buffer(64)
     assert ctx.get_device_address(b.handle) == b.handle
