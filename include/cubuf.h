@@ -1061,10 +1061,10 @@ CUBUF_API cubuf_status_t cubuf_context_buffer_from_data(cubuf_context_t *ctx, co
  * view depends on it as a slice does (cubuf_buffer_slice: it is kept alive,
  * and cannot be closed while the view is open); the range must lie inside
  * it (an empty one too: its address within [base, base + size]; address 0
- * with size 0 is inside any base). `owner` (may be NULL) is released through `release` (may be NULL)
- * exactly once, when the view closes or its last reference goes (see
- * cubuf_buffer_wrap_external); on failure release is not called, base is
- * not retained, and the caller keeps both. The address may be host or
+ * with size 0 is inside any base). `owner` (may be NULL) is released
+ * through `release` (may be NULL) exactly once, when the view closes or
+ * its last reference goes (see cubuf_buffer_wrap_external); on failure
+ * release is not called, base is not retained, and the caller keeps both. The address may be host or
  * device memory reachable from the device after
  * cubuf_context_device_address; it is described (device, accessibility)
  * with the context current and not otherwise checked. Views do not count
