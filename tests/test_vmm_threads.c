@@ -4,10 +4,13 @@
  *    its data;
  *  - eight threads growing one shared buffer (most grows must move, since
  *    another thread's grow maps the addresses after it), writing, reading
- *    and closing their buffers.
+ *    and closing their buffers;
+ *  - eight threads allocating raw virtual memory, writing it and freeing
+ *    it, the driver handing freed addresses out again at once.
  * Afterwards nothing is left: statistics, live mappings, device memory. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "test.h"
 #include "vmm_test.h"
@@ -188,6 +191,79 @@ static void test_concurrent_grows(void)
     T_CHECK(live_equal(&live0, &live1));
 }
 
+/* ---- raw allocations from eight threads ---- */
+
+#define RAW_ITERS 200
+
+typedef struct raw_job {
+    int id;
+    int fails;
+    unsigned long reused; /* allocations at an address this thread had freed just before */
+} raw_job_t;
+
+/* Each thread allocates raw, writes its tag, reads it back and frees, over
+ * and over: the driver hands freed addresses out again at once, so a free
+ * and another thread's allocation of the same address meet in the raw map. */
+static void *raw_worker(void *arg)
+{
+    raw_job_t *j = arg;
+    if (cubuf__drv.cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {
+        j->fails++;
+        return NULL;
+    }
+    pthread_barrier_wait(&g_bar);
+    CUdeviceptr last = 0;
+    for (int i = 0; i < RAW_ITERS; i++) {
+        CUdeviceptr p = 0;
+        if (cubuf_resource_allocate_raw(g_res, g_gran, CU_STREAM_PER_THREAD, &p) != CUBUF_SUCCESS) {
+            fprintf(stderr, "raw allocate %d of thread %d: %s\n", i, j->id, cubuf_last_error());
+            j->fails++;
+            continue;
+        }
+        j->reused += p == last;
+        const uint32_t tag = 0xA000u + (uint32_t)(j->id * RAW_ITERS + i);
+        uint32_t back = 0;
+        if (cubuf__drv.cuMemsetD32Async(p, tag, 64, CU_STREAM_PER_THREAD) != CUDA_SUCCESS ||
+            cubuf__drv.cuMemcpyDtoH(&back, p + 252, 4) != CUDA_SUCCESS || back != tag)
+            j->fails++;
+        if (cubuf_resource_deallocate_raw(g_res, p, g_gran, CU_STREAM_PER_THREAD) != CUBUF_SUCCESS) {
+            fprintf(stderr, "raw free %d of thread %d: %s\n", i, j->id, cubuf_last_error());
+            j->fails++;
+        }
+        last = p;
+    }
+    return NULL;
+}
+
+static void test_concurrent_raw(void)
+{
+    cubuf_vmm_live_t live0;
+    cubuf__vmm_live(&live0);
+    raw_job_t jobs[THREADS];
+    memset(jobs, 0, sizeof jobs);
+    pthread_t th[THREADS];
+    pthread_barrier_init(&g_bar, NULL, THREADS);
+    for (int t = 0; t < THREADS; t++) {
+        jobs[t].id = t;
+        pthread_create(&th[t], NULL, raw_worker, &jobs[t]);
+    }
+    unsigned long reused = 0;
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(th[t], NULL);
+        t_failures += jobs[t].fails;
+        reused += jobs[t].reused;
+    }
+    pthread_barrier_destroy(&g_bar);
+    printf("raw: %d allocations, %lu at the address their thread had just freed\n",
+           THREADS * RAW_ITERS, reused);
+    cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(g_res, &s));
+    T_CHECK(s.current_bytes == 0 && s.current_count == 0);
+    cubuf_vmm_live_t live1;
+    cubuf__vmm_live(&live1);
+    T_CHECK(live_equal(&live0, &live1));
+}
+
 int main(void)
 {
     cubuf_context_t *ctx = NULL;
@@ -196,6 +272,7 @@ int main(void)
 
     test_concurrent_closes();
     test_concurrent_grows();
+    test_concurrent_raw();
 
     cubuf_resource_release(g_res);
     T_HELD_BACK(held0, "test_vmm_threads");
