@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "inspect.h"
 #include "stream_token.h"
 #include "cubuf/caching.h"
 
@@ -567,6 +568,12 @@ static caching_t *caching_of(const cubuf_resource_t *res)
 }
 
 bool cubuf_is_caching_resource(const cubuf_resource_t *res) { return caching_of(res) != NULL; }
+
+cubuf_resource_t *cubuf__caching_upstream(const cubuf_resource_t *res)
+{
+    caching_t *c = caching_of(res);
+    return c ? c->upstream : NULL;
+}
 
 #define GET_CACHE(c, res, fn)                                                                \
     caching_t *c = caching_of(res);                                                          \

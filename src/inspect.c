@@ -16,6 +16,19 @@ void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release
     return buf->owner_release ? buf->owner : NULL;
 }
 
+bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf)
+{
+    if (buf->closed) return false;
+    for (const cubuf_resource_t *r = buf->resource; r;) {
+        if (r->vt->pool) return false; /* cuMemFreeAsync */
+        const cubuf_resource_t *up = cubuf__caching_upstream(r);
+        if (!up) up = r->upstream; /* set for adaptors only */
+        if (!up) return true;
+        r = up;
+    }
+    return false; /* a view: its owner's release takes the GIL itself */
+}
+
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }
 
 size_t cubuf__inspect_resource_refs(cubuf_resource_t *res)

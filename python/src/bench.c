@@ -21,6 +21,8 @@ PyObject *cbp_bench_c_alloc_close(PyObject *m, PyObject *args)
     PyObject *res, *sobj;
     Py_ssize_t size, iters;
     if (!PyArg_ParseTuple(args, "O!nnO", &cbp_MemoryResource_Type, &res, &size, &iters, &sobj)) return NULL;
+    /* the result is a time per iteration: 0 of them would divide by zero, fewer give a negative time */
+    if (iters <= 0) return PyErr_Format(PyExc_ValueError, "_bench_c_alloc_close: iterations must be > 0, not %zd", iters);
     CUstream s;
     if (cbp_stream(sobj, &s) < 0) return NULL;
     cubuf_resource_t *r = ((ResourceObject *)res)->res;
@@ -45,6 +47,7 @@ PyObject *cbp_bench_raw(PyObject *m, PyObject *args)
     PyObject *sobj;
     int device;
     if (!PyArg_ParseTuple(args, "snnOi", &kind, &size, &iters, &sobj, &device)) return NULL;
+    if (iters <= 0) return PyErr_Format(PyExc_ValueError, "_bench_raw: iterations must be > 0, not %zd", iters);
     CUstream s;
     if (cbp_stream(sobj, &s) < 0) return NULL;
     cubuf_context_t *ctx = cbp_device_context(device);

@@ -80,12 +80,18 @@ static PyObject *Context_buffer_from_data(ContextObject *self, PyObject *const *
     cubuf_buffer_t *buf;
     cubuf_status_t st;
     if (cbp_Buffer_Check(a[0])) {
-        cubuf_buffer_t *src = ((BufferObject *)a[0])->buf;
-        if (cubuf_buffer_is_closed(src)) return PyErr_Format(PyExc_RuntimeError, "buffer_from_data: the buffer is closed");
+        cubuf_buffer_t *src = ((BufferObject *)a[0])->buf, *hold;
+        if (cubuf_buffer_is_closed(src) || ((BufferObject *)a[0])->closing)
+            return PyErr_Format(PyExc_RuntimeError, "buffer_from_data: the buffer is closed");
+        /* The copy runs without the GIL: a slice keeps the source's memory
+         * while it reads it (a close on another thread is refused, BUSY). */
+        st = cubuf_buffer_slice(src, 0, cubuf_buffer_size(src), &hold);
+        if (st != CUBUF_SUCCESS) return cbp_fail(st, "Context.buffer_from_data");
         Py_BEGIN_ALLOW_THREADS
-        st = cubuf_context_buffer_from_data(self->ctx, (const void *)(uintptr_t)cubuf_buffer_ptr(src),
-                                            cubuf_buffer_size(src), off, size, &buf);
+        st = cubuf_context_buffer_from_data(self->ctx, (const void *)(uintptr_t)cubuf_buffer_ptr(hold),
+                                            cubuf_buffer_size(hold), off, size, &buf);
         Py_END_ALLOW_THREADS
+        cubuf_buffer_release(hold);
     } else {
         Py_buffer view;
         if (PyObject_GetBuffer(a[0], &view, PyBUF_ANY_CONTIGUOUS) < 0) return NULL;
@@ -154,15 +160,26 @@ static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *const
     if (handled || r) return r;
     if (PyObject_CheckBuffer(obj)) {
         /* Host memory: device accessible once pinned or registered; the view
-         * is of its device address (pageable memory is refused there). */
-        Py_buffer view;
-        if (PyObject_GetBuffer(obj, &view, PyBUF_ANY_CONTIGUOUS) < 0) return NULL;
+         * is of its device address (pageable memory is refused there). The
+         * view holds the export until it closes: while it is held the
+         * exporter can neither move nor free that memory (a registered
+         * bytearray refuses to resize). */
+        Py_buffer *view = PyMem_Malloc(sizeof *view);
+        if (!view) return PyErr_NoMemory();
+        if (PyObject_GetBuffer(obj, view, PyBUF_ANY_CONTIGUOUS) < 0) {
+            PyMem_Free(view);
+            return NULL;
+        }
         CUdeviceptr d = 0;
-        cubuf_status_t st = view.len ? cubuf_context_device_address(self->ctx, view.buf, &d) : CUBUF_SUCCESS;
-        size_t len = (size_t)view.len;
-        PyBuffer_Release(&view);
-        if (st != CUBUF_SUCCESS) return cbp_fail(st, "Context.buffer_from_object");
-        return foreign(self, d, len, obj, "Context.buffer_from_object");
+        cubuf_buffer_t *buf = NULL;
+        cubuf_status_t st = view->len ? cubuf_context_device_address(self->ctx, view->buf, &d) : CUBUF_SUCCESS;
+        if (st == CUBUF_SUCCESS)
+            st = cubuf_context_foreign_buffer(self->ctx, d, (size_t)view->len, NULL, view, cbp_export_release, &buf);
+        if (st != CUBUF_SUCCESS) {
+            PyBuffer_Release(view);
+            PyMem_Free(view);
+        }
+        return buffer_of(st, buf, obj, "Context.buffer_from_object");
     }
     return PyErr_Format(PyExc_TypeError,
                         "buffer_from_object: %.200s is not a cubuf.Buffer, has no __cuda_array_interface__ and "

@@ -28,6 +28,7 @@ typedef struct {
                                alive so that the buffer's close never meets a destroyed stream) */
     CUstream work_stream;   /* the stream of the last work issued through this object:
                                the producer's stream for DLPack and the CUDA Array Interface */
+    bool closing;           /* close() is running without the GIL (on some thread) */
     PyObject *weakreflist;
 } BufferObject;
 
@@ -113,7 +114,8 @@ int cbp_device(PyObject *o, int *out);
 /* A stream: cubuf.Stream, an int handle (0/1 legacy, 2 per-thread), an
  * object with __cuda_stream__ (cuda.core), cuda_stream (torch) or, for
  * types named *Stream, ptr (CuPy), or any handle int() converts. None is
- * refused (TypeError) here; callers that allow it check first. */
+ * refused (TypeError) here; callers that allow it check first. Only an
+ * AttributeError skips a protocol: other errors its attribute raises propagate. */
 int cbp_stream(PyObject *o, CUstream *out);
 
 /* A per-device cubuf context, kept for the module's life (streams, events). */
@@ -137,6 +139,9 @@ void cbp_buffer_drop_spares(void);
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o);
 /* The release function for C buffers that keep a Python object alive. */
 void cbp_owner_release(void *owner);
+/* The release function for C buffers that hold a buffer-protocol export: a
+ * Py_buffer on the heap (PyMem_Malloc), released and freed. */
+void cbp_export_release(void *export);
 
 /* ---- resources (resource.c) ---------------------------------------------- */
 

@@ -194,9 +194,13 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
      * need one current; Python code rarely has one. Hand out a view of it
      * that belongs to the device's primary context (host memory: device
      * 0's) and depends on it as a slice does: the tensor lives until the
-     * view is closed or released. */
+     * view is closed or released. Managed memory: DLPack gives it device_id
+     * 0 whichever device made it, so the device the driver reports for the
+     * memory (the buffer's device_id) picks the context. */
     if (cubuf_buffer_size(buf) > 0) {
-        cubuf_context_t *ctx = cbp_device_context(dt == kDLCUDA ? did : 0);
+        int ordinal = dt == kDLCUDA ? did : 0;
+        if (dt == kDLCUDAManaged) ordinal = cubuf_buffer_device_id(buf) >= 0 ? cubuf_buffer_device_id(buf) : did;
+        cubuf_context_t *ctx = cbp_device_context(ordinal);
         cubuf_buffer_t *view = NULL;
         st = ctx ? cubuf_context_foreign_buffer(ctx, cubuf_buffer_ptr(buf), cubuf_buffer_size(buf), buf, NULL, NULL, &view)
                  : CUBUF_SUCCESS;

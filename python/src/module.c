@@ -237,6 +237,17 @@ static int stream_from_int_object(PyObject *v, CUstream *out)
     return 0;
 }
 
+/* o.name into *out: 1, or 0 (no exception) when o has no such attribute.
+ * Only an AttributeError means that: any other error (a property that
+ * raises, a KeyboardInterrupt) is -1 and stays set for the caller. */
+static int optional_attr(PyObject *o, const char *name, PyObject **out)
+{
+    if ((*out = PyObject_GetAttrString(o, name))) return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
+}
+
 int cbp_stream(PyObject *o, CUstream *out)
 {
     if (Py_IS_TYPE(o, &cbp_Stream_Type) || PyObject_TypeCheck(o, &cbp_Stream_Type)) {
@@ -248,8 +259,10 @@ int cbp_stream(PyObject *o, CUstream *out)
         PyErr_SetString(PyExc_TypeError, "stream must not be None: pass a stream (cubuf.default_stream() for the default)");
         return -1;
     }
-    PyObject *attr = PyObject_GetAttrString(o, "__cuda_stream__");
-    if (attr) {
+    PyObject *attr;
+    int has = optional_attr(o, "__cuda_stream__", &attr);
+    if (has < 0) return -1;
+    if (has) {
         PyObject *t = PyCallable_Check(attr) ? PyObject_CallNoArgs(attr) : Py_NewRef(attr);
         Py_DECREF(attr);
         if (!t) return -1;
@@ -262,17 +275,15 @@ int cbp_stream(PyObject *o, CUstream *out)
         Py_DECREF(t);
         return rc;
     }
-    PyErr_Clear();
-    attr = PyObject_GetAttrString(o, "cuda_stream"); /* torch.cuda.Stream */
-    if (!attr) {
-        PyErr_Clear();
+    if ((has = optional_attr(o, "cuda_stream", &attr)) < 0) return -1; /* torch.cuda.Stream */
+    if (!has) {
         const char *tn = Py_TYPE(o)->tp_name;
         size_t len = strlen(tn);
-        if (len >= 6 && strcmp(tn + len - 6, "Stream") == 0) /* cupy.cuda.Stream, ExternalStream */
-            attr = PyObject_GetAttrString(o, "ptr");
-        if (!attr) PyErr_Clear();
+        if (len >= 6 && strcmp(tn + len - 6, "Stream") == 0 && /* cupy.cuda.Stream, ExternalStream */
+            (has = optional_attr(o, "ptr", &attr)) < 0)
+            return -1;
     }
-    if (attr) {
+    if (has) {
         int rc = stream_from_int_object(attr, out);
         Py_DECREF(attr);
         return rc;

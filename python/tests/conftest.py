@@ -21,6 +21,7 @@ import cubuf
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (or cubuf's test driver)")
     config.addinivalue_line("markers", "interop: hands cubuf memory to a framework (needs a real GPU)")
+    config.addinivalue_line("markers", "two_devices: needs two CUDA devices (the test driver has two)")
 
 
 def _devices():
@@ -37,6 +38,8 @@ TEST_DRIVER = bool(os.environ.get("CUBUF_LIBCUDA"))
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") and NUM_DEVICES == 0:
         pytest.skip(f"needs a CUDA device: {NO_DEVICE_WHY or 'none found'}")
+    if item.get_closest_marker("two_devices") and NUM_DEVICES < 2:
+        pytest.skip(f"needs 2 CUDA devices, {NUM_DEVICES} found")
     if item.get_closest_marker("interop") and TEST_DRIVER:
         pytest.skip("interop needs a real GPU: CUBUF_LIBCUDA names cubuf's host-backed test driver")
 
@@ -116,6 +119,25 @@ class Driver:
         self.check(self.fn("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(ctypes.byref(p), size),
                    "cuMemAlloc")
         return p.value
+
+    HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # CUhostFn
+
+    def launch_host_func(self, context, stream, fn):
+        """cuLaunchHostFunc of fn (a HOST_FN, kept alive by the caller) on `stream` (a cubuf.Stream or
+        a handle; a default stream is `context`'s): fn runs in order with the stream's work, on the
+        driver's thread."""
+        self.set_current(context)
+        f = self.fn("cuLaunchHostFunc", 10000, ctypes.c_void_p, self.HOST_FN, ctypes.c_void_p)
+        self.check(f(getattr(stream, "handle", stream), fn, None), "cuLaunchHostFunc")
+
+    def host_register(self, address, size):
+        """cuMemHostRegister (flags 0) in device 0's primary context (made current on this thread)."""
+        self.set_current(cubuf.Context(0))
+        f = self.fn("cuMemHostRegister", 6050, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+        self.check(f(address, size, 0), "cuMemHostRegister")
+
+    def host_unregister(self, address):
+        self.check(self.fn("cuMemHostUnregister", 4000, ctypes.c_void_p)(address), "cuMemHostUnregister")
 
     def mem_free(self, ptr):
         self.check(self.fn("cuMemFree", 3020, ctypes.c_uint64)(ptr), "cuMemFree")

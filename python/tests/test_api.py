@@ -219,6 +219,51 @@ def test_stream_arguments():
         h(bad_proto)
 
 
+def test_stream_protocol_errors_propagate():
+    """Only a missing attribute (AttributeError) means "not this protocol, try the
+    next"; any other error raised while reading a stream argument is the
+    caller's to see, not a TypeError "not a stream"."""
+    h = cubuf._cubuf._stream_handle
+
+    class CoreRaises:
+        @property
+        def __cuda_stream__(self):
+            raise RuntimeError("core boom")
+
+    class TorchInterrupted:
+        @property
+        def cuda_stream(self):
+            raise KeyboardInterrupt
+
+    class CupyStream:  # a type named *Stream: its ptr is read
+        @property
+        def ptr(self):
+            raise ValueError("cupy boom")
+
+    class MethodRaises:
+        def __cuda_stream__(self):
+            raise RuntimeError("method boom")
+
+    class MissingThenTorch:  # an AttributeError from the first protocol: the next one is read
+        @property
+        def __cuda_stream__(self):
+            raise AttributeError("__cuda_stream__")
+        cuda_stream = 0x77
+
+    with pytest.raises(RuntimeError, match="core boom"):
+        h(CoreRaises())
+    with pytest.raises(KeyboardInterrupt):
+        h(TorchInterrupted())
+    with pytest.raises(ValueError, match="cupy boom"):
+        h(CupyStream())
+    with pytest.raises(RuntimeError, match="method boom"):
+        h(MethodRaises())
+    assert h(MissingThenTorch()) == 0x77
+    b = cubuf.Buffer.from_handle(0, 0)  # the same through a method taking a stream
+    with pytest.raises(RuntimeError, match="core boom"):
+        b.fill(1, stream=CoreRaises())
+
+
 def test_copy_options():
     o = cubuf.CopyOptions()
     assert (o.src_access_order, o.src_location_hint, o.dst_location_hint, o.overlap_mode) == \

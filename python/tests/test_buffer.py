@@ -275,6 +275,54 @@ def test_failed_last_release_is_a_cuda_warning(drv, stream):
     stream.sync()
 
 
+CLOSE_WAITS = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import cubuf
+from conftest import Driver
+drv = Driver()
+s = cubuf.Stream(0)
+b = {make}.allocate(64, s)
+began = False
+refused = []
+
+class Marking:  # the stream given to close(): reading it marks the close as begun
+    def __cuda_stream__(self):
+        global began
+        began = True  # no call from here to the C close: nothing lets the GIL go before it
+        return (0, s.handle)
+
+@Driver.HOST_FN
+def gate(_):  # runs on s, which the close synchronizes; a Python callback: it needs the GIL
+    while not began:
+        time.sleep(0.001)
+    try:
+        b.close()  # a second close while the first one waits
+    except RuntimeError as e:
+        refused.append(str(e))
+
+drv.launch_host_func(cubuf.Context(0), s, gate)
+b.close(stream=Marking())  # holding the GIL while it waits for gate: a deadlock
+assert b.is_closed and len(refused) == 1 and "being closed on another thread" in refused[0], refused
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("make", ["cubuf.SyncDeviceMemoryResource(0)", "cubuf.VirtualMemoryResource(0)"])
+def test_close_that_waits_lets_the_gil_go(make):
+    """A close that synchronizes its stream (a synchronous resource, virtual
+    memory) waits without the GIL: work queued on that stream that needs the
+    GIL (a Python host function) runs meanwhile instead of deadlocking, and
+    a second close of the buffer meanwhile is refused. In a child process,
+    which the deadlock would hang."""
+    code = CLOSE_WAITS.format(tests=os.path.dirname(os.path.abspath(__file__)), make=make)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Buffer.close held the GIL while it waited for a stream (deadlock)")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-2000:]
+
+
 def test_deallocate_refuses_pointer_0():
     with pytest.raises(ValueError, match="CUBUF_ERROR_INVALID_ARGUMENT"):
         cubuf.DeviceMemoryResource(0).deallocate(0, 16)
@@ -325,6 +373,21 @@ def test_benchmark_hook_reports_a_failed_allocation():
         with pytest.raises(cubuf.CUDAError, match="CUBUF_ERROR_OUT_OF_MEMORY"):
             _cubuf._bench_c_alloc_close(mr, 1 << 40, 1, cubuf.default_stream())
     assert _cubuf._bench_c_alloc_close(mr, 4096, 4, cubuf.default_stream()) > 0
+    assert mr.stats["current_count"] == 0
+
+
+def test_benchmark_hooks_refuse_no_iterations():
+    """A time per iteration needs one: 0 or fewer iterations is a ValueError,
+    not a division by zero (inf) or a negative time."""
+    from cubuf import _cubuf
+    mr = cubuf.DeviceMemoryResource(0)
+    for n in (0, -1):
+        with pytest.raises(ValueError, match="iterations"):
+            _cubuf._bench_c_alloc_close(mr, 64, n, cubuf.default_stream())
+        for kind in ("alloc_free", "memcpy", "memset"):
+            with pytest.raises(ValueError, match="iterations"):
+                _cubuf._bench_raw(kind, 64, n, cubuf.default_stream(), 0)
+    assert _cubuf._bench_raw("memset", 64, 2, cubuf.default_stream(), 0) > 0
     assert mr.stats["current_count"] == 0
 
 

@@ -65,6 +65,42 @@ def test_buffer_from_data(ctx):
         ctx.buffer_from_data(b)
 
 
+def test_buffer_from_data_holds_a_buffer_source_while_it_copies(ctx, drv):
+    """The copy from a cubuf Buffer runs without the GIL: meanwhile the source
+    is held open, so that a close on another thread is refused (BUSY) rather
+    than freeing the memory being read. A Python host function on the legacy
+    stream, which the copy waits behind, tries that close."""
+    import time
+    src = ctx.new_buffer(64)
+    src.fill(0x5a, stream=cubuf.default_stream())
+    ctx.synchronize()
+    state = {"began": False, "close": None}
+
+    class Offset:  # read by buffer_from_data, which then keeps the GIL until its copy begins
+        def __index__(self):
+            state["began"] = True
+            return 0
+
+    @drv.HOST_FN
+    def gate(_):
+        deadline = time.monotonic() + 30
+        while not state["began"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        try:
+            src.close()
+            state["close"] = "closed"
+        except RuntimeError as e:
+            state["close"] = str(e)
+
+    drv.launch_host_func(ctx, cubuf.LEGACY_DEFAULT_STREAM, gate)
+    out = ctx.buffer_from_data(src, Offset())
+    ctx.synchronize()
+    assert "CUBUF_ERROR_BUSY" in state["close"], state
+    assert out.copy_to_host() == b"\x5a" * 64
+    src.close()  # the copy is done: nothing holds it now
+    out.close()
+
+
 def test_foreign_buffer_and_base(ctx):
     owner = ctx.new_buffer(256)
     owner.fill(9, stream=cubuf.default_stream())
@@ -157,6 +193,50 @@ def test_buffer_from_object(ctx):
         ctx.buffer_from_object(bytearray(64))  # pageable: not device accessible
     with pytest.raises(TypeError):
         ctx.buffer_from_object(object())
+
+
+def registered_bytearray(drv, cls, size):
+    """A bytearray (or subclass) of `size` bytes registered with the driver, and its address."""
+    data = cls(b"\x07" * size)
+    address = ctypes.addressof((ctypes.c_char * size).from_buffer(data))  # that export ends with the temporary
+    drv.host_register(address, size)
+    return data, address
+
+
+def test_buffer_from_object_holds_the_export(ctx, drv):
+    """A view of host memory through the buffer protocol holds the export while
+    it is open: a registered bytearray cannot resize (which would move the
+    memory the view reaches) until the view is closed."""
+    data, address = registered_bytearray(drv, bytearray, 8192)
+    try:
+        v = ctx.buffer_from_object(data)
+        assert v.size == 8192 and v.owner is data and v.copy_to_host(0, 4) == b"\x07" * 4
+        with pytest.raises(BufferError):
+            data.extend(bytes(1 << 20))
+        v.close()
+    finally:
+        drv.host_unregister(address)
+    data.extend(bytes(1 << 20))  # closed: the export is released
+
+
+def test_buffer_from_object_export_cycle_is_collected(ctx, drv):
+    """An exporter that holds the view made of it is collected: the GC sees the
+    reference the view's export holds."""
+    import gc
+    import weakref
+
+    class Exporter(bytearray):
+        pass
+
+    data, address = registered_bytearray(drv, Exporter, 8192)
+    try:
+        data.view = ctx.buffer_from_object(data)
+        refs = weakref.ref(data), weakref.ref(data.view)
+        del data
+        gc.collect()
+        assert refs[0]() is None and refs[1]() is None
+    finally:
+        drv.host_unregister(address)
 
 
 CAI_CHANGED = """

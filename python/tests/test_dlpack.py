@@ -80,6 +80,39 @@ def test_reexport_of_an_import_outlives_its_view():
     assert mr.stats["current_count"] == 0
 
 
+@pytest.mark.two_devices
+def test_managed_import_belongs_to_its_device(drv):
+    """DLPack names managed memory (kDLCUDAManaged, 0) whichever device made
+    it; the import belongs to the device the memory reports (device_id), so
+    its work on a default stream runs in that device's context: device 0's
+    legacy stream, held up by a host function until the copy has returned,
+    does not hold it up."""
+    import time
+    m = cubuf.ManagedMemoryResource(device=1).allocate(64)
+    m.fill(3, stream=S)
+    m.copy_to_host()  # complete on return
+    assert m.__dlpack_device__() == (13, 0) and m.device_id == 1
+    v = cubuf.from_dlpack(m)
+    assert v.device_id == 1 and v.is_managed
+    state = {"done": False, "timed_out": None}
+
+    @drv.HOST_FN
+    def gate(_):
+        deadline = time.monotonic() + 10
+        while not state["done"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        state["timed_out"] = not state["done"]
+
+    ctx0 = cubuf.Context(0)
+    drv.launch_host_func(ctx0, cubuf.LEGACY_DEFAULT_STREAM, gate)
+    assert v.copy_to_host(0, 4) == b"\x03" * 4  # on device 1's legacy stream
+    state["done"] = True
+    ctx0.synchronize()
+    assert state["timed_out"] is False
+    v.close()
+    m.close()
+
+
 def test_array_api_arguments():
     b = cubuf.DeviceMemoryResource(0).allocate(64)
     b.__dlpack__(stream=0)  # disallowed by the array API as ambiguous; taken as the legacy stream
