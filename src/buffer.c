@@ -183,6 +183,9 @@ cubuf_status_t cubuf_buffer_slice(cubuf_buffer_t *parent, size_t offset, size_t 
     buf->size = size;
     buf->device_id = parent->device_id;
     buf->flags = parent->flags;
+    /* A slice of a view made through a context runs its work there too,
+     * even where it hangs on a root that names no context of its own. */
+    if (parent->view_ctx) buf->view_ctx = cubuf__context_retain(parent->view_ctx);
     cubuf__buffer_attach(buf, parent);
     *out = buf;
     return CUBUF_SUCCESS;

@@ -427,6 +427,17 @@ static void test_view_base(cubuf_context_t *c)
     T_REQUIRE(cubuf_context_foreign_buffer(other, cubuf_buffer_ptr(base), 4096, base, NULL, NULL, &v));
     T_CHECK(cubuf__buffer_exec_ctx(v) == ctx);
     cubuf_buffer_release(v);
+    /* Over a base that names no context (a plain view), the view runs in
+     * the context it was made through, and so do its slices. */
+    cubuf_buffer_t *plain = NULL, *part = NULL;
+    T_REQUIRE(cubuf_buffer_view(cubuf_buffer_ptr(base), 4096, &plain));
+    T_REQUIRE(cubuf_context_foreign_buffer(other, cubuf_buffer_ptr(base), 4096, plain, NULL, NULL, &v));
+    T_REQUIRE(cubuf_buffer_slice(v, 1024, 1024, &part));
+    T_CHECK(cubuf__buffer_exec_ctx(v) == priv && cubuf__buffer_exec_ctx(part) == priv);
+    T_CHECK(cubuf_buffer_parent(part) == plain);
+    cubuf_buffer_release(part);
+    cubuf_buffer_release(v);
+    cubuf_buffer_release(plain);
     cubuf_buffer_release(base);
     cubuf_context_destroy(other);
     T_CU(cuCtxDestroy, priv);

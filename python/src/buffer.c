@@ -388,6 +388,19 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
     return cbp_buffer_keep_stream(cbp_buffer_new(type, buf, a[0], NULL, s), a[2]);
 }
 
+/* A slice of the whole of self's buffer into *hold, for work that reads or
+ * writes it without the GIL: a close on another thread meanwhile is then
+ * refused (BUSY) instead of freeing the memory under the copy. NULL with an
+ * exception set when the buffer is closed or closing. */
+static cubuf_buffer_t *hold_open(BufferObject *self, const char *what)
+{
+    cubuf_buffer_t *hold = NULL;
+    if (self->closing) return PyErr_Format(PyExc_RuntimeError, "%s: the buffer is being closed", what), NULL;
+    cubuf_status_t st = cubuf_buffer_slice(self->buf, 0, cubuf_buffer_size(self->buf), &hold);
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, what), NULL;
+    return hold;
+}
+
 static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames)
 {
@@ -406,10 +419,16 @@ static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, 
     int64_t cap = n >= 0 && n < rest ? n : rest;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
     if (!out) return NULL;
+    cubuf_buffer_t *hold = hold_open(self, "Buffer.copy_to_host");
+    if (!hold) {
+        Py_DECREF(out);
+        return NULL;
+    }
     size_t copied = 0;
     cubuf_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = cubuf_buffer_copy_to_host(self->buf, pos, n, PyBytes_AS_STRING(out), (size_t)cap, s, &copied);
+    st = cubuf_buffer_copy_to_host(hold, pos, n, PyBytes_AS_STRING(out), (size_t)cap, s, &copied);
+    cubuf_buffer_release(hold);
     Py_END_ALLOW_THREADS
     if (st != CUBUF_SUCCESS) {
         Py_DECREF(out);
@@ -432,10 +451,16 @@ static PyObject *Buffer_copy_from_host(BufferObject *self, PyObject *const *args
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(a[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    cubuf_buffer_t *hold = hold_open(self, "Buffer.copy_from_host");
+    if (!hold) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     size_t copied = 0;
     cubuf_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = cubuf_buffer_copy_from_host(self->buf, view.buf, (size_t)view.len, pos, n, s, &copied);
+    st = cubuf_buffer_copy_from_host(hold, view.buf, (size_t)view.len, pos, n, s, &copied);
+    cubuf_buffer_release(hold);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.copy_from_host");

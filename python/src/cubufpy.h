@@ -117,6 +117,10 @@ int cbp_device(PyObject *o, int *out);
  * refused (TypeError) here; callers that allow it check first. Only an
  * AttributeError skips a protocol: other errors its attribute raises propagate. */
 int cbp_stream(PyObject *o, CUstream *out);
+/* o.name into *out (a new reference): 1; 0 with no error set when o has no
+ * such attribute (an AttributeError, cleared); -1 for any other error,
+ * which stays set (a property that raises, a KeyboardInterrupt). */
+int cbp_optional_attr(PyObject *o, const char *name, PyObject **out);
 
 /* A per-device cubuf context, kept for the module's life (streams, events). */
 cubuf_context_t *cbp_device_context(int device);

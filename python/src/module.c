@@ -199,12 +199,22 @@ int cbp_int64(PyObject *o, const char *what, int64_t *out)
     return 0;
 }
 
+/* (cubufpy.h) Only an AttributeError means "no such attribute". */
+int cbp_optional_attr(PyObject *o, const char *name, PyObject **out)
+{
+    if ((*out = PyObject_GetAttrString(o, name))) return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
+}
+
 int cbp_device(PyObject *o, int *out)
 {
     PyObject *v = NULL;
     if (!PyLong_Check(o)) {
-        v = PyObject_GetAttrString(o, "device_id");
-        if (!v) {
+        int has = cbp_optional_attr(o, "device_id", &v);
+        if (has < 0) return -1; /* device_id raised: its error stands */
+        if (!has) {
             PyErr_Format(PyExc_TypeError, "device must be an int or have device_id, not %.200s",
                          Py_TYPE(o)->tp_name);
             return -1;
@@ -237,17 +247,6 @@ static int stream_from_int_object(PyObject *v, CUstream *out)
     return 0;
 }
 
-/* o.name into *out: 1, or 0 (no exception) when o has no such attribute.
- * Only an AttributeError means that: any other error (a property that
- * raises, a KeyboardInterrupt) is -1 and stays set for the caller. */
-static int optional_attr(PyObject *o, const char *name, PyObject **out)
-{
-    if ((*out = PyObject_GetAttrString(o, name))) return 1;
-    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
-    PyErr_Clear();
-    return 0;
-}
-
 int cbp_stream(PyObject *o, CUstream *out)
 {
     if (Py_IS_TYPE(o, &cbp_Stream_Type) || PyObject_TypeCheck(o, &cbp_Stream_Type)) {
@@ -260,7 +259,7 @@ int cbp_stream(PyObject *o, CUstream *out)
         return -1;
     }
     PyObject *attr;
-    int has = optional_attr(o, "__cuda_stream__", &attr);
+    int has = cbp_optional_attr(o, "__cuda_stream__", &attr);
     if (has < 0) return -1;
     if (has) {
         PyObject *t = PyCallable_Check(attr) ? PyObject_CallNoArgs(attr) : Py_NewRef(attr);
@@ -275,12 +274,12 @@ int cbp_stream(PyObject *o, CUstream *out)
         Py_DECREF(t);
         return rc;
     }
-    if ((has = optional_attr(o, "cuda_stream", &attr)) < 0) return -1; /* torch.cuda.Stream */
+    if ((has = cbp_optional_attr(o, "cuda_stream", &attr)) < 0) return -1; /* torch.cuda.Stream */
     if (!has) {
         const char *tn = Py_TYPE(o)->tp_name;
         size_t len = strlen(tn);
         if (len >= 6 && strcmp(tn + len - 6, "Stream") == 0 && /* cupy.cuda.Stream, ExternalStream */
-            (has = optional_attr(o, "ptr", &attr)) < 0)
+            (has = cbp_optional_attr(o, "ptr", &attr)) < 0)
             return -1;
     }
     if (has) {

@@ -546,8 +546,10 @@ static int location_hint(PyObject *v, const char *name, cubuf_location_hint_t *k
         PyErr_Format(PyExc_ValueError, "%s %R: use a device, cubuf.Host() or None", name, v);
         return -1;
     }
-    PyObject *numa = PyObject_GetAttrString(v, "numa_id");
-    if (numa) {
+    PyObject *numa;
+    int has = cbp_optional_attr(v, "numa_id", &numa);
+    if (has < 0) return -1; /* numa_id raised: its error stands */
+    if (has) {
         int rc = 0;
         if (numa == Py_None) {
             *kind = CUBUF_LOCATION_HOST;
@@ -561,7 +563,6 @@ static int location_hint(PyObject *v, const char *name, cubuf_location_hint_t *k
         Py_DECREF(numa);
         return rc;
     }
-    PyErr_Clear();
     if (cbp_device(v, id) < 0) return -1;
     *kind = CUBUF_LOCATION_DEVICE;
     return 0;

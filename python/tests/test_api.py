@@ -219,6 +219,27 @@ def test_stream_arguments():
         h(bad_proto)
 
 
+def test_device_and_numa_attribute_errors_propagate():
+    """A device_id or numa_id property that raises is the caller's error to see;
+    only a missing attribute (AttributeError) is "not a device" (TypeError)."""
+    class DeviceRaises:
+        @property
+        def device_id(self):
+            raise RuntimeError("device boom")
+
+    class NumaRaises:
+        @property
+        def numa_id(self):
+            raise KeyError("numa boom")
+
+    with pytest.raises(RuntimeError, match="device boom"):
+        cubuf.CopyOptions(src_location_hint=DeviceRaises())
+    with pytest.raises(KeyError, match="numa boom"):
+        cubuf.CopyOptions(dst_location_hint=NumaRaises())
+    with pytest.raises(TypeError, match="device must be an int or have device_id"):
+        cubuf.CopyOptions(src_location_hint=object())
+
+
 def test_stream_protocol_errors_propagate():
     """Only a missing attribute (AttributeError) means "not this protocol, try the
     next"; any other error raised while reading a stream argument is the

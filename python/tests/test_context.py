@@ -195,6 +195,45 @@ def test_buffer_from_object(ctx):
         ctx.buffer_from_object(object())
 
 
+@pytest.mark.parametrize("direction", ["to_host", "from_host"])
+def test_host_copies_hold_the_buffer_while_they_copy(ctx, drv, direction):
+    """copy_to_host and copy_from_host run without the GIL: meanwhile the buffer
+    is held open, so that a close on another thread is refused (BUSY) rather
+    than freeing the memory being copied. A Python host function on the legacy
+    stream, which the copy waits behind, tries that close."""
+    import time
+    b = ctx.new_buffer(64)
+    b.fill(0x5a, stream=cubuf.default_stream())
+    ctx.synchronize()
+    state = {"began": False, "close": None}
+
+    class Count:  # the last argument read before the copy: from here the GIL stays until it begins
+        def __index__(self):
+            state["began"] = True
+            return 64
+
+    @drv.HOST_FN
+    def gate(_):
+        deadline = time.monotonic() + 30
+        while not state["began"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        try:
+            b.close()
+            state["close"] = "closed"
+        except RuntimeError as e:
+            state["close"] = str(e)
+
+    drv.launch_host_func(ctx, cubuf.LEGACY_DEFAULT_STREAM, gate)
+    if direction == "to_host":
+        assert b.copy_to_host(0, Count()) == b"\x5a" * 64
+    else:
+        assert b.copy_from_host(b"\x33" * 64, 0, Count()) == 64
+    ctx.synchronize()
+    assert "CUBUF_ERROR_BUSY" in state["close"], state
+    assert b.copy_to_host() == (b"\x5a" if direction == "to_host" else b"\x33") * 64
+    b.close()  # the copy is done: nothing holds it now
+
+
 def registered_bytearray(drv, cls, size):
     """A bytearray (or subclass) of `size` bytes registered with the driver, and its address."""
     data = cls(b"\x07" * size)
