@@ -296,7 +296,8 @@ CUBUF_API cubuf_status_t cubuf_context_bytes_allocated(const cubuf_context_t *ct
  *    device's primary context, or the context a context buffer was made
  *    in), for slices and based views their root's;
  *  - the context a view was made through (cubuf_context_foreign_buffer,
- *    cubuf_context_buffer_from_strided);
+ *    cubuf_context_buffer_from_strided), and its slices', where their root
+ *    has no context of its own;
  *  - none for cubuf_buffer_view / cubuf_buffer_wrap_external views and for
  *    user resources: then the caller's current context, which must exist.
  * The allocation, the work ordered on "stream 0" and the deallocation are
