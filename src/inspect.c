@@ -19,14 +19,17 @@ void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release
 bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf)
 {
     if (buf->closed) return false;
-    for (const cubuf_resource_t *r = buf->resource; r;) {
+    /* A slice's or based view's close may drop the root's last reference,
+     * and so free the root's memory: the root's resource decides. */
+    const cubuf_buffer_t *root = buf->parent ? buf->parent : buf;
+    for (const cubuf_resource_t *r = root->resource; r;) {
         if (r->vt->pool) return false; /* cuMemFreeAsync */
         const cubuf_resource_t *up = cubuf__caching_upstream(r);
         if (!up) up = r->upstream; /* set for adaptors only */
         if (!up) return true;
         r = up;
     }
-    return false; /* a view: its owner's release takes the GIL itself */
+    return false; /* a plain view: its owner's release takes the GIL itself */
 }
 
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }

@@ -17,9 +17,10 @@ int cubuf__inspect_open_slices(const cubuf_buffer_t *buf);
  * it. The Python package reads it to show its GC the reference. */
 void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release_fn *release);
 /* Whether closing buf may wait (for the device, or for a user resource's
- * callback): false when it is closed, a view, or memory of a stream-ordered
- * pool, directly or through adaptors and caching resources over one. The
- * Python package lets the GIL go around a close that may. */
+ * callback): false when it is closed, a view of no resource's memory, or
+ * memory (its root's, for a slice or based view) of a stream-ordered pool,
+ * directly or through adaptors and caching resources over one. The Python
+ * package lets the GIL go around a close that may. */
 bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf);
 /* The upstream of a caching resource (caching.c), or NULL for another. */
 cubuf_resource_t *cubuf__caching_upstream(const cubuf_resource_t *res);
