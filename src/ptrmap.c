@@ -49,15 +49,6 @@ static bool grow(cubuf_ptrmap_t *m)
     return true;
 }
 
-cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
-{
-    if (2 * (m->used + 1) > m->cap && !grow(m))
-        return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot grow a pointer map to %zu slots",
-                           m->cap ? 2 * m->cap : 64);
-    put(m, e);
-    return CUBUF_SUCCESS;
-}
-
 cubuf_status_t cubuf__ptrmap_reserve(cubuf_ptrmap_t *m, size_t n)
 {
     while (2 * (m->used + n) > m->cap)
@@ -65,6 +56,13 @@ cubuf_status_t cubuf__ptrmap_reserve(cubuf_ptrmap_t *m, size_t n)
             return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot grow a pointer map to %zu slots",
                                m->cap ? 2 * m->cap : 64);
     return CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    cubuf_status_t st = cubuf__ptrmap_reserve(m, 1);
+    if (st == CUBUF_SUCCESS) put(m, e);
+    return st;
 }
 
 bool cubuf__ptrmap_put_back(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)

@@ -194,14 +194,15 @@ static PyObject *Buffer_close(BufferObject *self, PyObject *const *args, Py_ssiz
      * one meanwhile is refused. */
     if (self->closing)
         return PyErr_Format(PyExc_RuntimeError, "Buffer.close: the buffer is being closed on another thread");
-    cubuf_status_t st;
-    if (!cubuf__inspect_close_may_wait(self->buf)) {
-        st = sobj ? cubuf_buffer_close_on(self->buf, s) : cubuf_buffer_close(self->buf);
-    } else {
+    const bool wait = cubuf__inspect_close_may_wait(self->buf);
+    PyThreadState *ts = NULL;
+    if (wait) {
         self->closing = true;
-        Py_BEGIN_ALLOW_THREADS
-        st = sobj ? cubuf_buffer_close_on(self->buf, s) : cubuf_buffer_close(self->buf);
-        Py_END_ALLOW_THREADS
+        ts = PyEval_SaveThread();
+    }
+    cubuf_status_t st = sobj ? cubuf_buffer_close_on(self->buf, s) : cubuf_buffer_close(self->buf);
+    if (wait) {
+        PyEval_RestoreThread(ts);
         self->closing = false;
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.close");
@@ -388,11 +389,7 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
     return cbp_buffer_keep_stream(cbp_buffer_new(type, buf, a[0], NULL, s), a[2]);
 }
 
-/* A slice of the whole of self's buffer into *hold, for work that reads or
- * writes it without the GIL: a close on another thread meanwhile is then
- * refused (BUSY) instead of freeing the memory under the copy. NULL with an
- * exception set when the buffer is closed or closing. */
-static cubuf_buffer_t *hold_open(BufferObject *self, const char *what)
+cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)
 {
     cubuf_buffer_t *hold = NULL;
     if (self->closing) return PyErr_Format(PyExc_RuntimeError, "%s: the buffer is being closed", what), NULL;
@@ -419,7 +416,7 @@ static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, 
     int64_t cap = n >= 0 && n < rest ? n : rest;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
     if (!out) return NULL;
-    cubuf_buffer_t *hold = hold_open(self, "Buffer.copy_to_host");
+    cubuf_buffer_t *hold = cbp_buffer_hold(self, "Buffer.copy_to_host");
     if (!hold) {
         Py_DECREF(out);
         return NULL;
@@ -451,7 +448,7 @@ static PyObject *Buffer_copy_from_host(BufferObject *self, PyObject *const *args
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(a[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    cubuf_buffer_t *hold = hold_open(self, "Buffer.copy_from_host");
+    cubuf_buffer_t *hold = cbp_buffer_hold(self, "Buffer.copy_from_host");
     if (!hold) {
         PyBuffer_Release(&view);
         return NULL;

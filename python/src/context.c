@@ -80,13 +80,11 @@ static PyObject *Context_buffer_from_data(ContextObject *self, PyObject *const *
     cubuf_buffer_t *buf;
     cubuf_status_t st;
     if (cbp_Buffer_Check(a[0])) {
-        cubuf_buffer_t *src = ((BufferObject *)a[0])->buf, *hold;
-        if (cubuf_buffer_is_closed(src) || ((BufferObject *)a[0])->closing)
+        if (cubuf_buffer_is_closed(((BufferObject *)a[0])->buf))
             return PyErr_Format(PyExc_RuntimeError, "buffer_from_data: the buffer is closed");
-        /* The copy runs without the GIL: a slice keeps the source's memory
-         * while it reads it (a close on another thread is refused, BUSY). */
-        st = cubuf_buffer_slice(src, 0, cubuf_buffer_size(src), &hold);
-        if (st != CUBUF_SUCCESS) return cbp_fail(st, "Context.buffer_from_data");
+        /* The copy runs without the GIL: the hold keeps the source's memory. */
+        cubuf_buffer_t *hold = cbp_buffer_hold((BufferObject *)a[0], "Context.buffer_from_data");
+        if (!hold) return NULL;
         Py_BEGIN_ALLOW_THREADS
         st = cubuf_context_buffer_from_data(self->ctx, (const void *)(uintptr_t)cubuf_buffer_ptr(hold),
                                             cubuf_buffer_size(hold), off, size, &buf);

@@ -143,6 +143,11 @@ void cbp_buffer_drop_spares(void);
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o);
 /* The release function for C buffers that keep a Python object alive. */
 void cbp_owner_release(void *owner);
+/* A slice of the whole of self's buffer, for work that reads or writes it
+ * without the GIL: a close on another thread meanwhile is then refused
+ * (BUSY) instead of freeing the memory under the work. Release it after.
+ * NULL with an exception set when the buffer is closed or closing. */
+cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what);
 /* The release function for C buffers that hold a buffer-protocol export: a
  * Py_buffer on the heap (PyMem_Malloc), released and freed. */
 void cbp_export_release(void *export);

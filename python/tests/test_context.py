@@ -65,37 +65,53 @@ def test_buffer_from_data(ctx):
         ctx.buffer_from_data(b)
 
 
+class CloseFromHostFn:
+    """A Python host function, queued on ctx's legacy stream, that waits until
+    `began` is set and then tries to close `buf`, recording what happened
+    (`close`: "closed" or the RuntimeError's text). `mark(value)` returns an
+    object whose __index__ sets `began` and gives value: the argument a call
+    reads last, after which it keeps the GIL until its copy waits."""
+
+    def __init__(self, ctx, drv, buf):
+        import time
+        self.began, self.close = False, None
+
+        @drv.HOST_FN
+        def gate(_):
+            deadline = time.monotonic() + 30
+            while not self.began and time.monotonic() < deadline:
+                time.sleep(0.001)
+            try:
+                buf.close()
+                self.close = "closed"
+            except RuntimeError as e:
+                self.close = str(e)
+
+        self.fn = gate  # kept alive while the driver may call it
+        drv.launch_host_func(ctx, cubuf.LEGACY_DEFAULT_STREAM, gate)
+
+    def mark(self, value):
+        outer = self
+
+        class Mark:
+            def __index__(self):
+                outer.began = True
+                return value
+        return Mark()
+
+
 def test_buffer_from_data_holds_a_buffer_source_while_it_copies(ctx, drv):
     """The copy from a cubuf Buffer runs without the GIL: meanwhile the source
     is held open, so that a close on another thread is refused (BUSY) rather
     than freeing the memory being read. A Python host function on the legacy
     stream, which the copy waits behind, tries that close."""
-    import time
     src = ctx.new_buffer(64)
     src.fill(0x5a, stream=cubuf.default_stream())
     ctx.synchronize()
-    state = {"began": False, "close": None}
-
-    class Offset:  # read by buffer_from_data, which then keeps the GIL until its copy begins
-        def __index__(self):
-            state["began"] = True
-            return 0
-
-    @drv.HOST_FN
-    def gate(_):
-        deadline = time.monotonic() + 30
-        while not state["began"] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        try:
-            src.close()
-            state["close"] = "closed"
-        except RuntimeError as e:
-            state["close"] = str(e)
-
-    drv.launch_host_func(ctx, cubuf.LEGACY_DEFAULT_STREAM, gate)
-    out = ctx.buffer_from_data(src, Offset())
+    gate = CloseFromHostFn(ctx, drv, src)
+    out = ctx.buffer_from_data(src, gate.mark(0))
     ctx.synchronize()
-    assert "CUBUF_ERROR_BUSY" in state["close"], state
+    assert "CUBUF_ERROR_BUSY" in gate.close, gate.close
     assert out.copy_to_host() == b"\x5a" * 64
     src.close()  # the copy is done: nothing holds it now
     out.close()
@@ -201,35 +217,16 @@ def test_host_copies_hold_the_buffer_while_they_copy(ctx, drv, direction):
     is held open, so that a close on another thread is refused (BUSY) rather
     than freeing the memory being copied. A Python host function on the legacy
     stream, which the copy waits behind, tries that close."""
-    import time
     b = ctx.new_buffer(64)
     b.fill(0x5a, stream=cubuf.default_stream())
     ctx.synchronize()
-    state = {"began": False, "close": None}
-
-    class Count:  # the last argument read before the copy: from here the GIL stays until it begins
-        def __index__(self):
-            state["began"] = True
-            return 64
-
-    @drv.HOST_FN
-    def gate(_):
-        deadline = time.monotonic() + 30
-        while not state["began"] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        try:
-            b.close()
-            state["close"] = "closed"
-        except RuntimeError as e:
-            state["close"] = str(e)
-
-    drv.launch_host_func(ctx, cubuf.LEGACY_DEFAULT_STREAM, gate)
+    gate = CloseFromHostFn(ctx, drv, b)
     if direction == "to_host":
-        assert b.copy_to_host(0, Count()) == b"\x5a" * 64
+        assert b.copy_to_host(0, gate.mark(64)) == b"\x5a" * 64
     else:
-        assert b.copy_from_host(b"\x33" * 64, 0, Count()) == 64
+        assert b.copy_from_host(b"\x33" * 64, 0, gate.mark(64)) == 64
     ctx.synchronize()
-    assert "CUBUF_ERROR_BUSY" in state["close"], state
+    assert "CUBUF_ERROR_BUSY" in gate.close, gate.close
     assert b.copy_to_host() == (b"\x5a" if direction == "to_host" else b"\x33") * 64
     b.close()  # the copy is done: nothing holds it now
 
