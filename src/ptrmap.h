@@ -19,9 +19,6 @@ typedef struct cubuf_ptrmap {
     size_t cap, used; /* cap 0 or a power of two; used <= cap / 2 but for put-backs */
 } cubuf_ptrmap_t;
 
-/* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
- * map must grow and cannot; the map is unchanged then. */
-cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
 /* Makes room for `n` inserts beyond the `used` entries, so that they need
  * no memory: CUBUF_ERROR_OUT_OF_MEMORY when the map cannot grow to it. */
 cubuf_status_t cubuf__ptrmap_reserve(cubuf_ptrmap_t *m, size_t n);
@@ -30,10 +27,89 @@ cubuf_status_t cubuf__ptrmap_reserve(cubuf_ptrmap_t *m, size_t n);
  * most half full, so only as many put-backs as threads at once can fill it
  * further). false (the map unchanged) only when it is full and cannot grow. */
 bool cubuf__ptrmap_put_back(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
+
+/* The hot paths are inline: an adaptor's allocate and free each make one
+ * insert or remove, and a call apiece shows in their cost. */
+
+static inline size_t cubuf__ptrmap_home(CUdeviceptr p, size_t cap)
+{
+    uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing: allocations share low bits */
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+/* Field by field, not as a struct assignment: the compiler moves a struct
+ * 16 bytes at a time, and a 16-byte load of two 8-byte stores made just
+ * before (an entry built by the caller, a slot filled by the last insert)
+ * cannot be forwarded by the CPU: a stall of a dozen cycles per copy, seen
+ * with perf on the tracking adaptor. The library is built without the SLP
+ * vectorizer (CMakeLists.txt), which would merge these again. */
+static inline void cubuf__ptrmap_copy(cubuf_ptr_entry_t *d, const cubuf_ptr_entry_t *s)
+{
+    d->ptr = s->ptr;
+    d->size = s->size;
+    d->a = s->a;
+    d->b = s->b;
+    d->c = s->c;
+}
+
+/* Stores e in its slot; a free slot must exist. */
+static inline void cubuf__ptrmap_put(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    size_t i = cubuf__ptrmap_home(e->ptr, m->cap);
+    while (m->slots[i].ptr) i = (i + 1) & (m->cap - 1);
+    cubuf__ptrmap_copy(&m->slots[i], e);
+    m->used++;
+}
+
+/* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
+ * map must grow and cannot; the map is unchanged then. */
+static inline cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    if (__builtin_expect(2 * (m->used + 1) > m->cap, 0)) {
+        cubuf_status_t st = cubuf__ptrmap_reserve(m, 1);
+        if (st != CUBUF_SUCCESS) return st;
+    }
+    cubuf__ptrmap_put(m, e);
+    return CUBUF_SUCCESS;
+}
+
 /* The entry of ptr, or NULL; valid until the map next changes. */
-cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr);
-/* Takes the entry of ptr out into *e; false (and *e untouched) when absent. */
-bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e);
+static inline cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr)
+{
+    if (!m->cap || !ptr) return NULL;
+    size_t i = cubuf__ptrmap_home(ptr, m->cap);
+    while (m->slots[i].ptr && m->slots[i].ptr != ptr) i = (i + 1) & (m->cap - 1);
+    return m->slots[i].ptr ? &m->slots[i] : NULL;
+}
+
+/* Takes the entry of ptr out into *e; false (and *e untouched) when absent.
+ * Backward-shift deletion: entries after the hole that may move into it
+ * do, so lookups never need tombstones. */
+static inline bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e)
+{
+    cubuf_ptr_entry_t *s = cubuf__ptrmap_find(m, ptr);
+    if (!s) return false;
+    cubuf__ptrmap_copy(e, s);
+    const size_t mask = m->cap - 1;
+    size_t i = (size_t)(s - m->slots);
+    for (size_t j = i;;) {
+        m->slots[i].ptr = 0;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!m->slots[j].ptr) {
+                m->used--;
+                return true;
+            }
+            size_t h = cubuf__ptrmap_home(m->slots[j].ptr, m->cap);
+            /* the entry at j stays when its home lies cyclically in (i, j] */
+            bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+            if (!stays) break;
+        }
+        cubuf__ptrmap_copy(&m->slots[i], &m->slots[j]);
+        i = j;
+    }
+}
+
 /* Frees the slots (not what entries point to). */
 void cubuf__ptrmap_free(cubuf_ptrmap_t *m);
 
