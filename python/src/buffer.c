@@ -67,7 +67,7 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->ipc = NULL;
     b->stream_ref = NULL;
     b->work_stream = work_stream;
-    b->closing = false;
+    atomic_store_explicit(&b->closing, false, memory_order_relaxed);
     b->weakreflist = NULL;
     if (exact) PyObject_GC_Track(b);
     return (PyObject *)b;
@@ -190,21 +190,24 @@ static PyObject *Buffer_close(BufferObject *self, PyObject *const *args, Py_ssiz
      * meanwhile; a stream-ordered pool's (cuMemFreeAsync) keeps it, which
      * saves ~40 ns per close. The C close runs no Python code without taking
      * the GIL itself (owner releases and warnings take it). Two closes of one
-     * buffer must not run at once, which the GIL no longer prevents: a second
-     * one meanwhile is refused. */
-    if (self->closing)
-        return PyErr_Format(PyExc_RuntimeError, "Buffer.close: the buffer is being closed on another thread");
+     * buffer must not run at once, which the GIL no longer prevents: a close
+     * that lets it go claims the buffer (an atomic flag), and a second close
+     * meanwhile is refused. On a free-threaded build every close claims. */
     const bool wait = cubuf__inspect_close_may_wait(self->buf);
-    PyThreadState *ts = NULL;
-    if (wait) {
-        self->closing = true;
-        ts = PyEval_SaveThread();
-    }
+#ifdef Py_GIL_DISABLED
+    const bool claim = true; /* no GIL keeps two closes apart: each claims the buffer */
+#else
+    const bool claim = wait;
+#endif
+    bool idle = false;
+    if (claim ? !atomic_compare_exchange_strong_explicit(&self->closing, &idle, true, memory_order_acquire,
+                                                          memory_order_relaxed)
+              : atomic_load_explicit(&self->closing, memory_order_relaxed))
+        return PyErr_Format(PyExc_RuntimeError, "Buffer.close: the buffer is being closed on another thread");
+    PyThreadState *ts = wait ? PyEval_SaveThread() : NULL;
     cubuf_status_t st = sobj ? cubuf_buffer_close_on(self->buf, s) : cubuf_buffer_close(self->buf);
-    if (wait) {
-        PyEval_RestoreThread(ts);
-        self->closing = false;
-    }
+    if (wait) PyEval_RestoreThread(ts);
+    if (claim) atomic_store_explicit(&self->closing, false, memory_order_release);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.close");
     if (sobj) cbp_buffer_keep_stream((PyObject *)self, sobj);
     Py_RETURN_NONE;
@@ -392,7 +395,8 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
 cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)
 {
     cubuf_buffer_t *hold = NULL;
-    if (self->closing) return PyErr_Format(PyExc_RuntimeError, "%s: the buffer is being closed", what), NULL;
+    if (atomic_load_explicit(&self->closing, memory_order_acquire))
+        return PyErr_Format(PyExc_RuntimeError, "%s: the buffer is being closed", what), NULL;
     cubuf_status_t st = cubuf_buffer_slice(self->buf, 0, cubuf_buffer_size(self->buf), &hold);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, what), NULL;
     return hold;

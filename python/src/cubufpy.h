@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -28,7 +29,8 @@ typedef struct {
                                alive so that the buffer's close never meets a destroyed stream) */
     CUstream work_stream;   /* the stream of the last work issued through this object:
                                the producer's stream for DLPack and the CUDA Array Interface */
-    bool closing;           /* close() is running without the GIL (on some thread) */
+    _Atomic bool closing;   /* a close is running without the GIL (or, on a free-threaded
+                               build, any close is running) on some thread */
     PyObject *weakreflist;
 } BufferObject;
 
