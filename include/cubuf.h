@@ -540,7 +540,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_b
  * Copies src into a new buffer (Buffer.copy_to() without dst): a buffer of
  * src's size is allocated from the resource that owns src's memory (a
  * slice's or a based view's root's) on `stream` (its deallocation stream is
- * `stream`), the copy is enqueued on `stream`, and the new buffer is stored
+ * `stream`), the copy is enqueued on `stream` (into the new buffer's first
+ * src-size bytes where the resource rounds sizes up, as virtual memory does
+ * to its granularity: the buffer's size is then the rounded one), and the new buffer is stored
  * in *out (written only on success; the caller releases it). When src is
  * counted in a context's bytes_allocated the new buffer is counted there
  * too. Options are checked before anything is allocated; if the copy fails,

@@ -185,7 +185,10 @@ static cubuf_status_t stage_and_copy(const cubuf_copy_t *copies, size_t count, s
     CUdeviceptr at = block;
     for (size_t i = 0, k = 0; i < count; i++) {
         if (!copies[i].size) continue;
-        if ((st = read_now(at, copies[i].src, copies[i].size, side)) != CUBUF_SUCCESS) goto fail;
+        if ((st = read_now(at, copies[i].src, copies[i].size, side)) != CUBUF_SUCCESS) {
+            if (failed) *failed = i; /* this copy's source could not be read */
+            goto fail;
+        }
         staged[k++] = (cubuf_copy_t){copies[i].dst, at, copies[i].size};
         at += copies[i].size;
     }
@@ -473,7 +476,16 @@ cubuf_status_t cubuf_buffer_copy_to_new(const cubuf_buffer_t *src, CUstream stre
     cubuf_buffer_t *buf = NULL;
     if ((st = cubuf_resource_allocate(root->resource, src->size, stream, &buf)) != CUBUF_SUCCESS)
         return st;
-    if ((st = cubuf_buffer_copy_from(buf, src, stream, options)) != CUBUF_SUCCESS) {
+    /* A resource may round the size up (virtual memory, to its granularity,
+     * for a slice of a root): the copy fills the first src->size bytes. */
+    cubuf_buffer_t *dst = buf;
+    if (buf->size != src->size && (st = cubuf_buffer_slice(buf, 0, src->size, &dst)) != CUBUF_SUCCESS) {
+        cubuf_buffer_release(buf);
+        return st;
+    }
+    st = cubuf_buffer_copy_from(dst, src, stream, options);
+    if (dst != buf) cubuf_buffer_release(dst);
+    if (st != CUBUF_SUCCESS) {
         /* Freed on `stream`, after whatever part of the copy was enqueued. */
         cubuf_buffer_release(buf);
         return st;

@@ -216,6 +216,38 @@ static void check_faults(src_kind_t kind, CUstream s)
     source_free(&src);
 }
 
+/* A batch whose k-th source read fails names that copy in *failed_index,
+ * skipping the empty copies as the index does not. */
+static void check_batch_failed_index(CUstream s)
+{
+    cubuf_buffer_t *src = NULL, *dst = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(cctx, 3 * 4 * KiB, &src));
+    T_REQUIRE(cubuf_context_new_buffer(cctx, 3 * 4 * KiB, &dst));
+    const CUdeviceptr a = cubuf_buffer_ptr(src), b = cubuf_buffer_ptr(dst);
+    const cubuf_copy_t copies[] = {{b, a, 4 * KiB},
+                                   {b, a, 0},
+                                   {b + 4 * KiB, a + 4 * KiB, 4 * KiB},
+                                   {b + 8 * KiB, a + 8 * KiB, 4 * KiB}};
+    const size_t nonempty_index[] = {0, 2, 3};
+    cubuf_copy_options_t o = during();
+    for (unsigned read = 1; read <= 3; read++) {
+        size_t failed = 99;
+        T_CHECK(cubuf_fault_fail_nth("cuMemcpyAsync", read, CUDA_ERROR_UNKNOWN));
+        cubuf_status_t st = cubuf_copy_batch(copies, 4, s, &o, &failed);
+        T_CHECK(cubuf_fault_fired());
+        cubuf_fault_reset();
+        T_CHECK(st == CUBUF_ERROR_DRIVER);
+        if (failed != nonempty_index[read - 1]) {
+            fprintf(stderr, "read %u failed: failed_index %zu, expected %zu\n", read, failed,
+                    nonempty_index[read - 1]);
+            t_failures++;
+        }
+    }
+    T_CU(cuStreamSynchronize, s);
+    cubuf_buffer_release(dst);
+    cubuf_buffer_release(src);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -230,6 +262,7 @@ int main(void)
             check_held((src_kind_t)kind, sizes[i], true, s);
         }
     for (int kind = 0; kind < SRC_KINDS; kind++) check_faults((src_kind_t)kind, s);
+    check_batch_failed_index(s);
     T_CU(cuStreamDestroy, s);
     T_OK(cubuf_context_synchronize(cctx));
     cubuf_context_destroy(cctx);

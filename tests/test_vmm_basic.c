@@ -554,6 +554,22 @@ static void test_buffer_ops(cubuf_resource_t *res)
     T_CHECK(check_pattern(cubuf_buffer_ptr(g) + 4 * g_gran, 2 * g_gran, 0, 40));
     cubuf_buffer_release(csl);
     cubuf_buffer_release(sl);
+    /* A copy of a slice that is not a whole number of granules: the
+     * resource rounds the new buffer up, and the copy fills its start. */
+    T_REQUIRE(cubuf_buffer_slice(g, 4 * g_gran + 100, 1000, &sl));
+    cubuf_buffer_t *cpart = NULL;
+    T_OK(cubuf_buffer_copy_to_new(sl, s, NULL, &cpart));
+    T_CU(cuStreamSynchronize, s);
+    T_CHECK(cpart && cubuf_buffer_size(cpart) == g_gran && cubuf_buffer_resource(cpart) == res);
+    if (cpart) {
+        T_CU(cuMemcpyDtoH, g_host, cubuf_buffer_ptr(cpart), 1000);
+        unsigned char *want = malloc(1000);
+        T_CU(cuMemcpyDtoH, want, cubuf_buffer_ptr(g) + 4 * g_gran + 100, 1000);
+        T_CHECK(memcmp(g_host, want, 1000) == 0);
+        free(want);
+        close_release(cpart);
+    }
+    cubuf_buffer_release(sl);
     T_CHECK(cubuf_buffer_owner(g) == NULL && cubuf_buffer_parent(g) == NULL);
     T_CHECK(cubuf_buffer_is_device_accessible(g) && !cubuf_buffer_is_mapped(g));
     T_OK(cubuf_buffer_close_on(b, s));

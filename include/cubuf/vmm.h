@@ -52,9 +52,12 @@
  *    the physical allocations and reservations can no longer fail the close
  *    (a failing call is tried again, then reported to the warning handler).
  *  - When the last cubuf_buffer_release cannot close a buffer (a capturing
- *    stream), the warning handler is told and the buffer leaves its range:
- *    memory other open buffers map is freed when they close; memory only it
- *    mapped is lost.
+ *    stream), the warning handler is told and the buffer leaves its range.
+ *    Its address space stays mapped (work on that stream may still use it),
+ *    and what it maps is lost: memory only it mapped, and memory a buffer
+ *    grown from it by moving maps too (which stays allocated, and counted,
+ *    after that buffer closes). Where the buffers share one space (a grow in
+ *    place), the memory is freed when the last of them closes.
  *
  * Statistics (cubuf_resource_stats) count physical memory, which aliases
  * share: current_bytes is the size of the live physical allocations,
