@@ -294,6 +294,11 @@ typedef struct pool_ptr {
     uint8_t export_data[64];
     CUdeviceptr ptr;
     unsigned refs; /* imported buffers over it */
+    /* One event per close that left the pointer imported, recorded on that
+     * close's deallocation stream: the last close's free waits for each
+     * (see close_pool_ptr_later). */
+    CUevent *closes;
+    size_t nclose;
 } pool_ptr_t;
 
 /* One pool imported into this process, keyed by the exporter's identity. */
@@ -399,15 +404,40 @@ static void destroy_pool_import(pool_entry_t *e)
         cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy of an imported pool failed (%d)", (int)r);
 }
 
-/* A pointer the driver maps must hold the buffer the descriptor claims. The
- * check is best effort: where the driver cannot say, it trusts the export. */
-static bool pool_range_too_small(CUdeviceptr ptr, const cubuf_ipc_descriptor_t *d)
+/* What the exporter says of the pointer, checked against what the driver
+ * of this process reports: the allocation must hold the buffer, and the
+ * memory is pinned host memory exactly when the descriptor says so (a
+ * descriptor that calls device memory host memory would have host code
+ * dereference it). The size check is best effort: where the driver tells
+ * no range (neither the pointer's attributes nor cuMemGetAddressRange), it
+ * trusts the export. */
+static cubuf_status_t check_pool_ptr(CUdeviceptr ptr, const cubuf_ipc_descriptor_t *d)
 {
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (CU_CALL(cuMemGetAddressRange, &base, &size, ptr) != CUDA_SUCCESS) return false;
-    if (ptr < base || ptr - base > size) return false;
-    return d->offset + d->size > size - (ptr - base);
+    unsigned int type = 0;
+    CUdeviceptr base = 0, attr_base = 0;
+    size_t size = 0, attr_size = 0;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    void *data[] = {&type, &attr_base, &attr_size};
+    CUresult r = CU_CALL(cuPointerGetAttributes, 3, attrs, data, ptr);
+    if (CU_CALL(cuMemGetAddressRange, &base, &size, ptr) != CUDA_SUCCESS) {
+        base = r == CUDA_SUCCESS ? attr_base : 0;
+        size = r == CUDA_SUCCESS ? attr_size : 0;
+    }
+    if (size != 0 && ptr >= base && ptr - base <= size && d->offset + d->size > size - (ptr - base))
+        return cubuf__fail(CUBUF_ERROR_INVALID_DESCRIPTOR,
+                           "IPC descriptor: offset %llu + size %llu is past the imported pool "
+                           "allocation (%zu bytes)",
+                           (unsigned long long)d->offset, (unsigned long long)d->size, size - (size_t)(ptr - base));
+    bool host = r == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST;
+    bool claimed = (d->flags & CUBUF__IPC_FLAG_HOST_ACCESSIBLE) != 0;
+    if (host != claimed)
+        return cubuf__fail(CUBUF_ERROR_INVALID_DESCRIPTOR,
+                           "IPC descriptor: it says %s memory; the driver reports %s for the "
+                           "imported pointer",
+                           claimed ? "pinned host" : "device",
+                           r != CUDA_SUCCESS ? "no memory type" : host ? "pinned host memory" : "device memory");
+    return CUBUF_SUCCESS;
 }
 
 static cubuf_status_t import_pool_ptr(pool_entry_t *e, const cubuf_ipc_descriptor_t *d,
@@ -423,14 +453,11 @@ static cubuf_status_t import_pool_ptr(pool_entry_t *e, const cubuf_ipc_descripto
         free(p);
         return st;
     }
-    if (pool_range_too_small(p->ptr, d)) {
+    if ((st = check_pool_ptr(p->ptr, d)) != CUBUF_SUCCESS) {
         CUresult r = CU_CALL(cuMemFree, p->ptr);
         if (r != CUDA_SUCCESS) cubuf__warn(cubuf__cu_map(r), "cuMemFree of a rejected pool import failed (%d)", (int)r);
         free(p);
-        return cubuf__fail(CUBUF_ERROR_INVALID_DESCRIPTOR,
-                           "IPC descriptor: offset %llu + size %llu is past the imported pool "
-                           "allocation",
-                           (unsigned long long)d->offset, (unsigned long long)d->size);
+        return st;
     }
     *out = p;
     return CUBUF_SUCCESS;
@@ -474,13 +501,8 @@ static cubuf_status_t import_pool(const cubuf_context_t *c, const cubuf_ipc_desc
         p->next = e->ptrs;
         e->ptrs = p;
         e->refs++;
-    } else if (pool_range_too_small(p->ptr, d)) {
-        /* the pointer is imported already: hold this descriptor to it too */
-        st = cubuf__fail(CUBUF_ERROR_INVALID_DESCRIPTOR,
-                         "IPC descriptor: offset %llu + size %llu is past the imported pool "
-                         "allocation",
-                         (unsigned long long)d->offset, (unsigned long long)d->size);
-        goto undo;
+    } else if ((st = check_pool_ptr(p->ptr, d)) != CUBUF_SUCCESS) {
+        goto undo; /* the pointer is imported already: this descriptor is held to it too */
     }
     p->refs++;
     if (new_entry) {
@@ -740,6 +762,14 @@ static cubuf_status_t imported_legacy_deallocate(cubuf_resource_t *res, cubuf_bu
     return st;
 }
 
+/* Raw call, as in destroy_pool_import. */
+static void destroy_close_event(CUevent ev)
+{
+    CUresult r = CU_CALL(cuEventDestroy, ev);
+    if (r != CUDA_SUCCESS)
+        cubuf__warn(cubuf__cu_map(r), "cuEventDestroy of an imported pool close failed (%d)", (int)r);
+}
+
 /* Destroys a pool import whose last pointer was just freed on `token` and
  * which is marked dying (no import uses it any more; an import of the same
  * pool waits in import_pool), outside the registry lock, then takes it out
@@ -775,6 +805,44 @@ unsigned cubuf__ipc_pool_imports_waiting(void)
     return n;
 }
 
+/* A close that leaves the pointer imported (another buffer holds it)
+ * frees nothing, but the work queued on its stream may still use the
+ * memory: an event recorded there now is what the last close's free waits
+ * for. Under pools_lock, in the stream's context. */
+static cubuf_status_t close_pool_ptr_later(pool_ptr_t *p, CUstream stream)
+{
+    CUevent *v = cubuf__realloc(p->closes, (p->nclose + 1) * sizeof *v);
+    if (!v) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot record the close of an imported pool buffer");
+    p->closes = v;
+    CUevent ev = NULL;
+    cubuf_status_t st = CU(cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+    if (st == CUBUF_SUCCESS && (st = CU(cuEventRecord, ev, stream)) != CUBUF_SUCCESS)
+        destroy_close_event(ev);
+    if (st == CUBUF_SUCCESS) p->closes[p->nclose++] = ev;
+    return st;
+}
+
+/* The last close of the pointer: its stream waits for the earlier closes
+ * (close_pool_ptr_later), then frees. Under pools_lock, in the stream's
+ * context. On failure nothing is freed and the events stay. */
+static cubuf_status_t free_pool_ptr(pool_ptr_t *p, CUstream stream)
+{
+    for (size_t i = 0; i < p->nclose; i++) {
+        cubuf_status_t st = CU(cuStreamWaitEvent, stream, p->closes[i], 0);
+        if (st != CUBUF_SUCCESS) {
+            cubuf__detail_append("waiting for an earlier close of the imported pointer");
+            return st;
+        }
+    }
+    cubuf_status_t st = CU(cuMemFreeAsync, p->ptr, stream);
+    if (st != CUBUF_SUCCESS) return st;
+    for (size_t i = 0; i < p->nclose; i++) destroy_close_event(p->closes[i]);
+    free(p->closes);
+    p->closes = NULL;
+    p->nclose = 0;
+    return CUBUF_SUCCESS;
+}
+
 static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
@@ -787,13 +855,13 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
     pthread_mutex_lock(&pools_lock);
     pool_entry_t *e = imp->pool;
     pool_ptr_t *p = imp->pool_ptr;
-    bool retire = false;
-    if (p->refs == 1) {
-        cubuf_ctx_guard_t g = {false};
-        st = cubuf__ctx_push(cx, &g);
-        if (st == CUBUF_SUCCESS) st = CU(cuMemFreeAsync, p->ptr, token->stream);
-        cubuf__ctx_pop(&g);
-        if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
+    bool retire = false, last = p->refs == 1;
+    cubuf_ctx_guard_t g = {false};
+    st = cubuf__ctx_push(cx, &g);
+    if (st == CUBUF_SUCCESS) st = last ? free_pool_ptr(p, token->stream) : close_pool_ptr_later(p, token->stream);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
+    if (last) {
         unlink_ptr(e, p);
         free(p);
         /* A pool import that needed an access grant (pinned pools) is

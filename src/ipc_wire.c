@@ -603,7 +603,8 @@ static long ms_until(const struct timespec *deadline)
 }
 
 /* One recvmsg of at most `want` bytes, after waiting for data (until the
- * deadline, if any). *got = 0 means the peer closed the connection. */
+ * deadline, if any). *got = 0 means the peer closed the connection. Data
+ * already queued is read whatever time is left: a timeout of 0 polls. */
 static cubuf_status_t recv_piece(int sock, uint8_t *p, size_t want, const struct timespec *deadline,
                                  int timeout_ms, fd_list_t *fds, size_t *got, int *msg_flags)
 {
@@ -612,10 +613,7 @@ static cubuf_status_t recv_piece(int sock, uint8_t *p, size_t want, const struct
         int wait_ms = -1;
         if (deadline) {
             long left = ms_until(deadline);
-            if (left <= 0)
-                return cubuf__fail(CUBUF_ERROR_SYSTEM, "cubuf_ipc_recv: timed out after %d ms",
-                                   timeout_ms);
-            wait_ms = left > 0x7fffffff ? 0x7fffffff : (int)left;
+            wait_ms = left <= 0 ? 0 : left > 0x7fffffff ? 0x7fffffff : (int)left;
         }
         struct pollfd pfd = {sock, POLLIN, 0};
         int pr = poll(&pfd, 1, wait_ms);
@@ -624,7 +622,12 @@ static cubuf_status_t recv_piece(int sock, uint8_t *p, size_t want, const struct
             int e = errno;
             return cubuf__fail(CUBUF_ERROR_SYSTEM, "cubuf_ipc_recv: poll failed: %s", strerror(e));
         }
-        if (pr == 0) continue; /* the deadline check above reports it */
+        if (pr == 0) {
+            if (deadline && wait_ms == 0)
+                return cubuf__fail(CUBUF_ERROR_SYSTEM, "cubuf_ipc_recv: timed out after %d ms",
+                                   timeout_ms);
+            continue; /* woken early: wait for what is left */
+        }
         struct iovec iov = {p, want};
         struct msghdr m = {0};
         m.msg_iov = &iov;

@@ -1028,6 +1028,13 @@ static inline void edit_scramble_pool(uint8_t *b, size_t len)
     for (int i = 0; i < 64; i++) b[72 + i] ^= 0xff;
     (void)len;
 }
+/* pool: the host-accessible flag (bit 0 of the flags at byte 20) flipped:
+ * device memory called pinned host memory, or the other way round */
+static inline void edit_flip_host(uint8_t *b, size_t len)
+{
+    b[20] ^= 1;
+    (void)len;
+}
 static inline void edit_scramble_legacy(uint8_t *b, size_t len)
 {
     for (int i = 0; i < 64; i++) b[48 + i] ^= 0xff;
@@ -1126,6 +1133,23 @@ static inline void suite_malformed(peer_t *me, helper_t *h, peer_mech_t m)
         T_OK(st);
         if (bad) suite_import_fails(m, bad, CUBUF_SUCCESS, "cuMemPoolImportPointer", "scrambled export data",
                                       suite_kept(m)); /* the pool was imported and granted first */
+        cubuf_ipc_descriptor_destroy(bad);
+        /* the driver bounds the allocation (for pinned pools too) */
+        bad = suite_altered(d, edit_inflate, -1, -1, &st);
+        T_OK(st);
+        if (bad) suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "past the imported pool",
+                                      "size beyond the allocation", 0);
+        cubuf_ipc_descriptor_destroy(bad);
+        bad = suite_altered(d, edit_flip_host, -1, -1, &st);
+        T_OK(st);
+        if (bad) {
+            T_CHECK(cubuf_ipc_descriptor_info(bad, &info) == CUBUF_SUCCESS &&
+                    info.host_accessible == (m != PEER_POOL_PINNED));
+            suite_import_fails(m, bad, CUBUF_ERROR_INVALID_DESCRIPTOR, "the driver reports",
+                               m == PEER_POOL_PINNED ? "pinned memory called device memory"
+                                                     : "device memory called pinned host memory",
+                               0); /* pinned: the pool import kept above is used again */
+        }
         cubuf_ipc_descriptor_destroy(bad);
         break;
     case PEER_LEGACY:

@@ -5,8 +5,9 @@
  * import failures at every driver call, descriptors that lie, either side
  * exiting or being killed first, fds and memory back to their baselines;
  * a close that waits for its stream holding up no other pool's import or
- * close, and an import racing that close's destroy; wrap refusing an
- * imported resource. */
+ * close, and an import racing that close's destroy; the last of two
+ * duplicate imports' closes, on different streams, freeing only after the
+ * first close's stream has run; wrap refusing an imported resource. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -203,6 +204,110 @@ out:
     H_OK(h, .op = OP_CLEAR, .slot = 2);
 }
 
+/* ---- duplicate imports closed on two streams ---- */
+
+/* Buffers a and b import one pointer (one descriptor, twice). Work on a's
+ * stream sa, held by a host function, copies a into dst and then sets
+ * g_sa_done; a is closed on sa (not the last close: nothing is freed), then
+ * b on sb from another thread (the last: the pointer is freed on sb, and
+ * the pool import given back). A wrapper in front of cuMemFreeAsync queues,
+ * on sb just before the free, a host function that notes whether sa's work
+ * has run: the free must wait for it, since that work reads the memory. */
+static CUstream g_free_stream;
+static atomic_bool g_sa_done, g_free_seen, g_sa_done_at_free;
+static __typeof__(cubuf__drv.cuMemFreeAsync) g_real_free_async;
+
+static void CUDA_CB mark_sa_done(void *arg)
+{
+    (void)arg;
+    atomic_store(&g_sa_done, true);
+}
+
+static void CUDA_CB note_sa_at_free(void *arg)
+{
+    (void)arg;
+    atomic_store(&g_sa_done_at_free, atomic_load(&g_sa_done));
+}
+
+static CUresult CUDAAPI noting_cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    if (s == g_free_stream && !atomic_load(&g_free_seen)) {
+        CUresult r = cubuf__drv.cuLaunchHostFunc(s, note_sa_at_free, NULL);
+        if (r != CUDA_SUCCESS) return r;
+        atomic_store(&g_free_seen, true);
+    }
+    return g_real_free_async(p, s);
+}
+
+static void duplicate_closes_ordered(peer_t *me, helper_t *h)
+{
+    static const char what[] = "device pool: duplicate imports closed on two streams";
+    printf("%s\n", what);
+    const uint64_t seed = 0xd0b1;
+    const size_t size = 2 * PEER_MIB;
+    cubuf_ipc_descriptor_t *d = NULL;
+    if (!H_OK(h, .op = OP_EXPORT, .mech = PEER_POOL_DEVICE, .size = size, .seed = seed, .slot = 1).status)
+        d = suite_recv(h);
+    if (!d) return;
+    CUcontext cx = NULL;
+    T_OK(cubuf_context_handle(me->ctx, &cx));
+    CUstream sa = NULL, sb = NULL;
+    T_CU(cuStreamCreate, &sa, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamCreate, &sb, CU_STREAM_NON_BLOCKING);
+    cubuf_buffer_t *a = NULL, *b = NULL, *dst = NULL;
+    T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, sa, &a));
+    T_OK(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d, sb, &b));
+    T_OK(cubuf_context_new_buffer(me->ctx, size, &dst));
+    if (!a || !b || !dst) goto out;
+    T_CHECK(cubuf_buffer_ptr(a) == cubuf_buffer_ptr(b));
+
+    atomic_store(&g_release, false);
+    atomic_store(&g_watchdog_fired, false);
+    atomic_store(&g_watchdog_stop, false);
+    atomic_store(&g_sa_done, false);
+    atomic_store(&g_free_seen, false);
+    atomic_store(&g_sa_done_at_free, false);
+    g_free_stream = sb;
+    g_real_free_async = cubuf__drv.cuMemFreeAsync;
+    cubuf__drv.cuMemFreeAsync = noting_cuMemFreeAsync;
+    pthread_t wd, tb;
+    T_CHECK(pthread_create(&wd, NULL, watchdog, NULL) == 0);
+    T_CU(cuLaunchHostFunc, sa, hold_stream, NULL);
+    T_OK(cubuf_buffer_copy_from(dst, a, sa, NULL));
+    T_CU(cuLaunchHostFunc, sa, mark_sa_done, NULL);
+    T_OK(cubuf_buffer_close(a)); /* b still holds the pointer */
+    held_op_t close_b = {.ctx = cx, .buf = b};
+    atomic_init(&close_b.done, false);
+    T_CHECK(pthread_create(&tb, NULL, run_held_op, &close_b) == 0);
+    while (!atomic_load(&g_free_seen) && !atomic_load(&close_b.done) && !atomic_load(&g_watchdog_fired))
+        pause_1ms();
+    T_CHECK(atomic_load(&g_free_seen)); /* b's close reached the free */
+    atomic_store(&g_release, true);
+    pthread_join(tb, NULL);
+    T_OK(close_b.st);
+    atomic_store(&g_watchdog_stop, true);
+    pthread_join(wd, NULL);
+    cubuf__drv.cuMemFreeAsync = g_real_free_async;
+    T_CHECK(!atomic_load(&g_watchdog_fired));
+    T_CU(cuStreamSynchronize, sa);
+    T_CU(cuStreamSynchronize, sb);
+    if (!atomic_load(&g_sa_done_at_free))
+        fprintf(stderr, "  %s: the last close freed the pointer before the work queued on the first "
+                        "close's stream ran\n", what);
+    T_CHECK(atomic_load(&g_sa_done_at_free));
+    size_t bad = 0;
+    T_OK(peer_verify(dst, seed, 0, &bad)); /* sa's copy read the exporter's bytes */
+    T_CHECK(bad == SIZE_MAX);
+out:
+    cubuf_buffer_release(a);
+    cubuf_buffer_release(b);
+    cubuf_buffer_release(dst);
+    T_CU(cuStreamDestroy, sa);
+    T_CU(cuStreamDestroy, sb);
+    cubuf_ipc_descriptor_destroy(d);
+    H_OK(h, .op = OP_CLEAR, .slot = 1);
+}
+
 /* The context's own pool (cubuf_context_new_buffer's) goes to another
  * process as a private pool does. Baselines (fds, driver objects held) are
  * not compared: the context's pool keeps freed memory for reuse. */
@@ -229,6 +334,7 @@ int main(void)
     helper_t h = helper_start();
     run(&me, &h, PEER_POOL_DEVICE);
     close_while_held(&me, &h);
+    duplicate_closes_ordered(&me, &h);
     suite_wrap_refused(&h, PEER_POOL_DEVICE);
     run(&me, &h, PEER_POOL_PINNED);
     run_context(&me, &h);

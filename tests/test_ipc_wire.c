@@ -522,6 +522,19 @@ static void test_socket_failures(const ipc_seed_list_t *seeds)
     if (r) check_same(d, r);
     cubuf_ipc_descriptor_destroy(r);
     r = NULL;
+
+    /* A timeout of 0 polls: a descriptor already queued is read, an empty
+     * socket times out at once. */
+    cubuf_ipc_recv_options_t now = o;
+    now.timeout_ms = 0;
+    T_OK(cubuf_ipc_send(sv[0], d));
+    T_OK(cubuf_ipc_recv(sv[1], &now, &r));
+    if (r) check_same(d, r);
+    cubuf_ipc_descriptor_destroy(r);
+    r = NULL;
+    T_STATUS(cubuf_ipc_recv(sv[1], &now, &r), CUBUF_ERROR_SYSTEM);
+    T_CHECK(detail_has("timed out"));
+    T_CHECK(r == NULL);
     cubuf_ipc_descriptor_destroy(d);
 
     /* Garbage: wrong magic; its fd is closed. */

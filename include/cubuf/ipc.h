@@ -85,7 +85,8 @@
  * Descriptors are untrusted input: cubuf_ipc_descriptor_deserialize and
  * cubuf_ipc_recv check every field and fd below before the descriptor
  * exists, and an import checks what only the local driver knows before it
- * maps anything. A failed import maps nothing and leaks nothing.
+ * maps anything. A failed import maps nothing and leaks nothing (one
+ * exception, pinned pool imports: see cubuf_buffer_from_ipc_descriptor).
  */
 #ifndef CUBUF_IPC_H
 #define CUBUF_IPC_H
@@ -245,15 +246,22 @@ typedef struct cubuf_ipc_import_options {
  * default stream whose synchronization would disturb a capture is skipped
  * with a warning instead). The descriptor is only read:
  * it keeps its fds, and may be imported again (a duplicate import is a second
- * buffer over the same memory; each closes on its own).
+ * buffer over the same memory; each closes on its own, on its own stream: the
+ * free at the last close waits for the work queued on the streams of the
+ * earlier closes).
  * *out is an open buffer of desc's size that reports is_mapped, device
  * accessible, with device_id the importing device (pinned pool memory: host
  * accessible too, and device_id -1 as on the exporter's side).
- * On failure nothing is imported, mapped or leaked.
+ * On failure nothing is imported, mapped or leaked, with one exception the
+ * driver forces: a pinned pool import that was granted this device's access
+ * before a later step failed stays imported, without pointers, as every
+ * granted pinned pool import does (see above); a later descriptor of that
+ * pool uses it.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL desc or out, bad options),
  * CUBUF_ERROR_OUT_OF_RANGE (bad device ordinal), CUBUF_ERROR_INVALID_DESCRIPTOR
  * (what only the local driver can tell: a granularity this device cannot map,
- * a legacy allocation smaller than the descriptor claims), CUBUF_ERROR_DRIVER
+ * a legacy allocation smaller than the descriptor claims, a pool pointer
+ * whose memory is not the kind, device or pinned host, the descriptor says), CUBUF_ERROR_DRIVER
  * or CUBUF_ERROR_OUT_OF_MEMORY from the import steps (the detail names the
  * step and, for VMM, the chunk: "chunk 2 of 3"), CUBUF_ERROR_NO_DRIVER,
  * CUBUF_ERROR_NO_DEVICE. Thread-safe.
@@ -319,7 +327,7 @@ CUBUF_API cubuf_status_t cubuf_ipc_send(int socket, const cubuf_ipc_descriptor_t
 /** Receive options. Initialize with CUBUF_IPC_RECV_OPTIONS_INIT. */
 typedef struct cubuf_ipc_recv_options {
     size_t struct_size;
-    int timeout_ms; /**< for the whole descriptor; -1 waits forever (default) */
+    int timeout_ms; /**< for the whole descriptor; -1 waits forever (default); 0 reads only what is already queued */
     bool check_uid; /**< require the peer's uid (SO_PEERCRED) to be `uid` */
     uid_t uid;
     bool check_pid; /**< require the peer's pid (SO_PEERCRED) to be `pid` */

@@ -60,8 +60,21 @@ static PyObject *Descriptor_serialize(DescriptorObject *self, PyObject *unused)
     return r;
 }
 
+/* Closes each distinct fd of fds[0..n) once (the list may repeat one). */
+static void close_fds_once(const int *fds, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (fds[i] < 0) continue;
+        bool seen = false;
+        for (Py_ssize_t j = 0; j < i && !seen; j++) seen = fds[j] == fds[i];
+        if (!seen) close(fds[i]);
+    }
+}
+
 /* _from_wire(bytes, fds) -> descriptor. On success the descriptor owns the
- * fds; on failure they are closed here (they were the caller's to give). */
+ * fds; on failure each of them is closed here, once (they were the caller's
+ * to give): every item is read before anything is closed, so an item that
+ * is not an fd leaves none of the others open. */
 static PyObject *Descriptor_from_wire(PyObject *unused, PyObject *args)
 {
     Py_buffer bytes;
@@ -81,20 +94,28 @@ static PyObject *Descriptor_from_wire(PyObject *unused, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    PyObject *bad_type = NULL, *bad_value = NULL, *bad_tb = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
+        fds[i] = -1;
         long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
         if (!(fd == -1 && PyErr_Occurred()) && (fd < 0 || fd > INT_MAX))
             PyErr_Format(PyExc_ValueError, "fds: %ld is not a file descriptor", fd);
         if (PyErr_Occurred()) {
-            for (Py_ssize_t j = 0; j < i; j++) close(fds[j]);
-            goto out;
+            if (!bad_type) PyErr_Fetch(&bad_type, &bad_value, &bad_tb); /* the first is raised */
+            else PyErr_Clear();
+            continue;
         }
         fds[i] = (int)fd;
+    }
+    if (bad_type) {
+        close_fds_once(fds, n);
+        PyErr_Restore(bad_type, bad_value, bad_tb);
+        goto out;
     }
     cubuf_ipc_descriptor_t *desc;
     cubuf_status_t st = cubuf_ipc_descriptor_deserialize(bytes.buf, (size_t)bytes.len, fds, (size_t)n, &desc);
     if (st != CUBUF_SUCCESS) {
-        for (Py_ssize_t j = 0; j < n; j++) close(fds[j]);
+        close_fds_once(fds, n);
         cbp_fail(st, "IPCBufferDescriptor");
         goto out;
     }

@@ -354,6 +354,24 @@ def test_descriptor_from_wire_closes_fds_it_refuses():
         os.fstat(r)  # closed by the refused import: it was given away
 
 
+def test_descriptor_from_wire_closes_every_fd_once():
+    """An item that is not an fd raises, and every fd given is closed (those
+    after the bad item too); a repeated fd is closed once."""
+    import os
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    with pytest.raises(TypeError):
+        cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), (r1, "x", r2))
+    for fd in (r1, r2):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    with pytest.raises(ValueError):
+        cubuf.IPCBufferDescriptor._from_wire(legacy_wire(), (w1, w1))
+    with pytest.raises(OSError):
+        os.fstat(w1)
+    os.close(w2)
+
+
 def test_descriptor_from_wire_fd_values():
     """An fd outside int's range is refused (not cut to another, open, fd that
     the refused import would close), and a list of fds that an item's
