@@ -408,9 +408,10 @@ static void destroy_pool_import(pool_entry_t *e)
  * of this process reports: the allocation must hold the buffer, and the
  * memory is pinned host memory exactly when the descriptor says so (a
  * descriptor that calls device memory host memory would have host code
- * dereference it). The size check is best effort: where the driver tells
- * no range (neither the pointer's attributes nor cuMemGetAddressRange), it
- * trusts the export. */
+ * dereference it). Both checks are best effort: where the driver tells no
+ * range (neither cuMemGetAddressRange nor the pointer's attributes) or no
+ * memory type (the attributes failed: a failure of this process's driver,
+ * which no descriptor can cause), the export is trusted. */
 static cubuf_status_t check_pool_ptr(CUdeviceptr ptr, const cubuf_ipc_descriptor_t *d)
 {
     unsigned int type = 0;
@@ -429,14 +430,13 @@ static cubuf_status_t check_pool_ptr(CUdeviceptr ptr, const cubuf_ipc_descriptor
                            "IPC descriptor: offset %llu + size %llu is past the imported pool "
                            "allocation (%zu bytes)",
                            (unsigned long long)d->offset, (unsigned long long)d->size, size - (size_t)(ptr - base));
-    bool host = r == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST;
+    bool host = type == CU_MEMORYTYPE_HOST;
     bool claimed = (d->flags & CUBUF__IPC_FLAG_HOST_ACCESSIBLE) != 0;
-    if (host != claimed)
+    if (r == CUDA_SUCCESS && host != claimed)
         return cubuf__fail(CUBUF_ERROR_INVALID_DESCRIPTOR,
-                           "IPC descriptor: it says %s memory; the driver reports %s for the "
+                           "IPC descriptor: it says %s memory; the driver reports %s memory for the "
                            "imported pointer",
-                           claimed ? "pinned host" : "device",
-                           r != CUDA_SUCCESS ? "no memory type" : host ? "pinned host memory" : "device memory");
+                           claimed ? "pinned host" : "device", host ? "pinned host" : "device");
     return CUBUF_SUCCESS;
 }
 
