@@ -294,11 +294,6 @@ typedef struct pool_ptr {
     uint8_t export_data[64];
     CUdeviceptr ptr;
     unsigned refs; /* imported buffers over it */
-    /* One event per close that left the pointer imported, recorded on that
-     * close's deallocation stream: the last close's free waits for each
-     * (see close_pool_ptr_later). */
-    CUevent *closes;
-    size_t nclose;
 } pool_ptr_t;
 
 /* One pool imported into this process, keyed by the exporter's identity. */
@@ -762,14 +757,6 @@ static cubuf_status_t imported_legacy_deallocate(cubuf_resource_t *res, cubuf_bu
     return st;
 }
 
-/* Raw call, as in destroy_pool_import. */
-static void destroy_close_event(CUevent ev)
-{
-    CUresult r = CU_CALL(cuEventDestroy, ev);
-    if (r != CUDA_SUCCESS)
-        cubuf__warn(cubuf__cu_map(r), "cuEventDestroy of an imported pool close failed (%d)", (int)r);
-}
-
 /* Destroys a pool import whose last pointer was just freed on `token` and
  * which is marked dying (no import uses it any more; an import of the same
  * pool waits in import_pool), outside the registry lock, then takes it out
@@ -805,44 +792,6 @@ unsigned cubuf__ipc_pool_imports_waiting(void)
     return n;
 }
 
-/* A close that leaves the pointer imported (another buffer holds it)
- * frees nothing, but the work queued on its stream may still use the
- * memory: an event recorded there now is what the last close's free waits
- * for. Under pools_lock, in the stream's context. */
-static cubuf_status_t close_pool_ptr_later(pool_ptr_t *p, CUstream stream)
-{
-    CUevent *v = cubuf__realloc(p->closes, (p->nclose + 1) * sizeof *v);
-    if (!v) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot record the close of an imported pool buffer");
-    p->closes = v;
-    CUevent ev = NULL;
-    cubuf_status_t st = CU(cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
-    if (st == CUBUF_SUCCESS && (st = CU(cuEventRecord, ev, stream)) != CUBUF_SUCCESS)
-        destroy_close_event(ev);
-    if (st == CUBUF_SUCCESS) p->closes[p->nclose++] = ev;
-    return st;
-}
-
-/* The last close of the pointer: its stream waits for the earlier closes
- * (close_pool_ptr_later), then frees. Under pools_lock, in the stream's
- * context. On failure nothing is freed and the events stay. */
-static cubuf_status_t free_pool_ptr(pool_ptr_t *p, CUstream stream)
-{
-    for (size_t i = 0; i < p->nclose; i++) {
-        cubuf_status_t st = CU(cuStreamWaitEvent, stream, p->closes[i], 0);
-        if (st != CUBUF_SUCCESS) {
-            cubuf__detail_append("waiting for an earlier close of the imported pointer");
-            return st;
-        }
-    }
-    cubuf_status_t st = CU(cuMemFreeAsync, p->ptr, stream);
-    if (st != CUBUF_SUCCESS) return st;
-    for (size_t i = 0; i < p->nclose; i++) destroy_close_event(p->closes[i]);
-    free(p->closes);
-    p->closes = NULL;
-    p->nclose = 0;
-    return CUBUF_SUCCESS;
-}
-
 static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
                                                const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
@@ -852,16 +801,27 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
     CUcontext cx = token_ctx(res, token);
     cubuf_status_t st = cubuf__stream_refuse_capture(token->stream, cx, "closing an imported pool buffer");
     if (st != CUBUF_SUCCESS) return st;
-    pthread_mutex_lock(&pools_lock);
     pool_entry_t *e = imp->pool;
     pool_ptr_t *p = imp->pool_ptr;
-    bool retire = false, last = p->refs == 1;
-    cubuf_ctx_guard_t g = {false};
-    st = cubuf__ctx_push(cx, &g);
-    if (st == CUBUF_SUCCESS) st = last ? free_pool_ptr(p, token->stream) : close_pool_ptr_later(p, token->stream);
-    cubuf__ctx_pop(&g);
-    if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
-    if (last) {
+    /* A close that leaves the pointer imported for other buffers frees
+     * nothing, but the work queued on its stream may still use the memory,
+     * and the last close's free, on another stream, must not run before
+     * it: this close waits for its stream (outside the lock), as the close
+     * of a VMM or legacy import does. Its reference still counts meanwhile,
+     * so no other close is the last; if all the others closed meanwhile,
+     * this one is the last and frees. */
+    pthread_mutex_lock(&pools_lock);
+    bool last = p->refs == 1;
+    pthread_mutex_unlock(&pools_lock);
+    if (!last && (st = cubuf__stream_sync(token)) != CUBUF_SUCCESS) return st;
+    pthread_mutex_lock(&pools_lock);
+    bool retire = false;
+    if ((last = p->refs == 1)) {
+        cubuf_ctx_guard_t g = {false};
+        st = cubuf__ctx_push(cx, &g);
+        if (st == CUBUF_SUCCESS) st = CU(cuMemFreeAsync, p->ptr, token->stream);
+        cubuf__ctx_pop(&g);
+        if (st != CUBUF_SUCCESS) goto out; /* nothing changed: the buffer stays open */
         unlink_ptr(e, p);
         free(p);
         /* A pool import that needed an access grant (pinned pools) is

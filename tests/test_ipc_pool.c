@@ -5,9 +5,9 @@
  * import failures at every driver call, descriptors that lie, either side
  * exiting or being killed first, fds and memory back to their baselines;
  * a close that waits for its stream holding up no other pool's import or
- * close, and an import racing that close's destroy; the last of two
- * duplicate imports' closes, on different streams, freeing only after the
- * first close's stream has run; wrap refusing an imported resource. */
+ * close, and an import racing that close's destroy; duplicate imports
+ * closed on different streams freeing only after the first close's stream
+ * has run; wrap refusing an imported resource. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -208,12 +208,13 @@ out:
 
 /* Buffers a and b import one pointer (one descriptor, twice). Work on a's
  * stream sa, held by a host function, copies a into dst and then sets
- * g_sa_done; a is closed on sa (not the last close: nothing is freed), then
- * b on sb from another thread (the last: the pointer is freed on sb, and
- * the pool import given back). A wrapper in front of cuMemFreeAsync queues,
- * on sb just before the free, a host function that notes whether sa's work
- * has run: the free must wait for it, since that work reads the memory. */
-static CUstream g_free_stream;
+ * g_sa_done. Thread A closes a on sa: not the last close, it waits for sa.
+ * This thread then closes b on sb, and after sa is let go, a's close is the
+ * last and frees. A wrapper in front of cuMemFreeAsync queues, on the
+ * free's stream just before the free of that pointer, a host function
+ * that notes whether sa's work has run: the free must come after it, since
+ * that work reads the memory. */
+static CUdeviceptr g_free_ptr;
 static atomic_bool g_sa_done, g_free_seen, g_sa_done_at_free;
 static __typeof__(cubuf__drv.cuMemFreeAsync) g_real_free_async;
 
@@ -231,7 +232,7 @@ static void CUDA_CB note_sa_at_free(void *arg)
 
 static CUresult CUDAAPI noting_cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
-    if (s == g_free_stream && !atomic_load(&g_free_seen)) {
+    if (p == g_free_ptr && !atomic_load(&g_free_seen)) {
         CUresult r = cubuf__drv.cuLaunchHostFunc(s, note_sa_at_free, NULL);
         if (r != CUDA_SUCCESS) return r;
         atomic_store(&g_free_seen, true);
@@ -261,39 +262,45 @@ static void duplicate_closes_ordered(peer_t *me, helper_t *h)
     if (!a || !b || !dst) goto out;
     T_CHECK(cubuf_buffer_ptr(a) == cubuf_buffer_ptr(b));
 
+    g_held = sa;
+    atomic_store(&g_held_syncing, false);
     atomic_store(&g_release, false);
     atomic_store(&g_watchdog_fired, false);
     atomic_store(&g_watchdog_stop, false);
     atomic_store(&g_sa_done, false);
     atomic_store(&g_free_seen, false);
     atomic_store(&g_sa_done_at_free, false);
-    g_free_stream = sb;
+    g_free_ptr = cubuf_buffer_ptr(a);
     g_real_free_async = cubuf__drv.cuMemFreeAsync;
     cubuf__drv.cuMemFreeAsync = noting_cuMemFreeAsync;
-    pthread_t wd, tb;
+    g_real_sync = cubuf__drv.cuStreamSynchronize;
+    cubuf__drv.cuStreamSynchronize = held_cuStreamSynchronize;
+    pthread_t wd, ta;
     T_CHECK(pthread_create(&wd, NULL, watchdog, NULL) == 0);
     T_CU(cuLaunchHostFunc, sa, hold_stream, NULL);
     T_OK(cubuf_buffer_copy_from(dst, a, sa, NULL));
     T_CU(cuLaunchHostFunc, sa, mark_sa_done, NULL);
-    T_OK(cubuf_buffer_close(a)); /* b still holds the pointer */
-    held_op_t close_b = {.ctx = cx, .buf = b};
-    atomic_init(&close_b.done, false);
-    T_CHECK(pthread_create(&tb, NULL, run_held_op, &close_b) == 0);
-    while (!atomic_load(&g_free_seen) && !atomic_load(&close_b.done) && !atomic_load(&g_watchdog_fired))
+    held_op_t close_a = {.ctx = cx, .buf = a};
+    atomic_init(&close_a.done, false);
+    T_CHECK(pthread_create(&ta, NULL, run_held_op, &close_a) == 0);
+    /* a's close, while b holds the pointer too, waits for sa or frees */
+    while (!atomic_load(&g_held_syncing) && !atomic_load(&close_a.done) && !atomic_load(&g_watchdog_fired))
         pause_1ms();
-    T_CHECK(atomic_load(&g_free_seen)); /* b's close reached the free */
+    T_OK(cubuf_buffer_close(b));
     atomic_store(&g_release, true);
-    pthread_join(tb, NULL);
-    T_OK(close_b.st);
+    pthread_join(ta, NULL);
+    T_OK(close_a.st);
     atomic_store(&g_watchdog_stop, true);
     pthread_join(wd, NULL);
     cubuf__drv.cuMemFreeAsync = g_real_free_async;
+    cubuf__drv.cuStreamSynchronize = g_real_sync;
     T_CHECK(!atomic_load(&g_watchdog_fired));
     T_CU(cuStreamSynchronize, sa);
     T_CU(cuStreamSynchronize, sb);
+    T_CHECK(atomic_load(&g_free_seen));
     if (!atomic_load(&g_sa_done_at_free))
-        fprintf(stderr, "  %s: the last close freed the pointer before the work queued on the first "
-                        "close's stream ran\n", what);
+        fprintf(stderr, "  %s: the pointer was freed before the work queued on the first close's "
+                        "stream ran\n", what);
     T_CHECK(atomic_load(&g_sa_done_at_free));
     size_t bad = 0;
     T_OK(peer_verify(dst, seed, 0, &bad)); /* sa's copy read the exporter's bytes */

@@ -246,9 +246,10 @@ typedef struct cubuf_ipc_import_options {
  * default stream whose synchronization would disturb a capture is skipped
  * with a warning instead). The descriptor is only read:
  * it keeps its fds, and may be imported again (a duplicate import is a second
- * buffer over the same memory; each closes on its own, on its own stream: the
- * free at the last close waits for the work queued on the streams of the
- * earlier closes).
+ * buffer over the same memory; each closes on its own: a pool buffer's close
+ * that leaves the memory imported for another buffer synchronizes its stream
+ * instead of freeing, so that the last close's free, on its own stream, runs
+ * after the work queued on each earlier close's).
  * *out is an open buffer of desc's size that reports is_mapped, device
  * accessible, with device_id the importing device (pinned pool memory: host
  * accessible too, and device_id -1 as on the exporter's side).

@@ -72,9 +72,11 @@ static void close_fds_once(const int *fds, Py_ssize_t n)
 }
 
 /* _from_wire(bytes, fds) -> descriptor. On success the descriptor owns the
- * fds; on failure each of them is closed here, once (they were the caller's
- * to give): every item is read before anything is closed, so an item that
- * is not an fd leaves none of the others open. */
+ * fds; once the items are read, a failure closes each of them here, once
+ * (they were the caller's to give): every item is read before anything is
+ * closed, so an item that is not an fd leaves none of the others open. (A
+ * failure to read the sequence or to allocate closes none: the items are
+ * not known then.) */
 static PyObject *Descriptor_from_wire(PyObject *unused, PyObject *args)
 {
     Py_buffer bytes;

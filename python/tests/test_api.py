@@ -354,9 +354,9 @@ def test_descriptor_from_wire_closes_fds_it_refuses():
         os.fstat(r)  # closed by the refused import: it was given away
 
 
-def test_descriptor_from_wire_closes_every_fd_once():
+def test_descriptor_from_wire_closes_every_fd():
     """An item that is not an fd raises, and every fd given is closed (those
-    after the bad item too); a repeated fd is closed once."""
+    after the bad item too); a refused list that repeats an fd closes it."""
     import os
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
