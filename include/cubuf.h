@@ -889,8 +889,10 @@ CUBUF_API cubuf_status_t cubuf_resource_props(const cubuf_resource_t *res, cubuf
  * Reads the resource's usage into *stats, up to stats->struct_size (set by
  * CUBUF_RESOURCE_STATS_INIT; at least CUBUF_RESOURCE_STATS_SIZE_V1). Bytes
  * past struct_size are not touched. The counters are one consistent
- * snapshot (exact peaks) and cost no driver call. When struct_size covers
- * the pool figures and the resource is a device pool or pinned pool, they
+ * snapshot and cost no driver call (peaks: see cubuf_statistics_t in
+ * <cubuf/adaptor.h>). When struct_size covers the pool figures and the
+ * resource is a device pool or pinned pool, or a logging, tracking or
+ * failure-callback adaptor over one (which read their upstream's), they
  * cost four driver queries (cuMemPoolGetAttribute), made just before the
  * counters are read; callers that only need the counters on a hot path can
  * pass struct_size CUBUF_RESOURCE_STATS_SIZE_V1. Thread-safe.

@@ -20,6 +20,8 @@ cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Appends " (...)" to the last error: the sizes or objects involved. */
 void cubuf__detail_append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Empties the thread's detail (cubuf_last_error), so that what a callee says can be told apart. */
+void cubuf__detail_clear(void);
 /* Sends a message to the warning handler. */
 void cubuf__warn(cubuf_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Remembers the CUresult of a failed driver call for cubuf_last_cuda_result. */

@@ -33,6 +33,7 @@ static _Thread_local CUresult last_cu;
 const char *cubuf_last_error(void) { return last_error; }
 CUresult cubuf_last_cuda_result(void) { return last_cu; }
 void cubuf__set_last_cu(CUresult r) { last_cu = r; }
+void cubuf__detail_clear(void) { last_error[0] = '\0'; }
 
 cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
 {

@@ -96,11 +96,13 @@ cubuf_status_t cubuf_resource_stats(const cubuf_resource_t *res, cubuf_resource_
                                             CUBUF_RESOURCE_STATS_SIZE_V1, sizeof *stats);
     if (st != CUBUF_SUCCESS) return st;
     cubuf_resource_stats_t s = CUBUF_RESOURCE_STATS_INIT;
+    /* An adaptor that keeps no statistics reads its upstream's, the pool
+     * figures included (the lock is not part of the value). */
+    cubuf_resource_t *r = cubuf__stats_owner(res);
     /* The pool figures are driver queries: made only for a caller with room for them. */
     if (stats->struct_size > CUBUF_RESOURCE_STATS_SIZE_V1 &&
-        (st = cubuf__pool_usage(res, &s)) != CUBUF_SUCCESS)
+        (st = cubuf__pool_usage(r, &s)) != CUBUF_SUCCESS)
         return st;
-    cubuf_resource_t *r = cubuf__stats_owner(res); /* the lock is not part of the value */
     cubuf__resource_lock(r);
     cubuf_tally_t t = r->tally;
     cubuf__resource_unlock(r);
@@ -152,7 +154,9 @@ bind_stream(const cubuf_resource_t *res, CUstream stream, CUcontext current, cub
 static __attribute__((noinline)) cubuf_status_t admit(cubuf_resource_t *res, size_t size)
 {
     cubuf__resource_lock(res);
-    size_t used = clamp0(res->tally.req_bytes) + res->admitted;
+    /* Modulo 2^64, as the tally counts (cubuf__tally_add): a capped layer's
+     * requested bytes never go below 0, but they may pass INT64_MAX. */
+    size_t used = (size_t)(uint64_t)res->tally.req_bytes + res->admitted;
     bool fits = used <= res->cap && size <= res->cap - used;
     if (fits) res->admitted += size;
     cubuf__resource_unlock(res);
@@ -543,10 +547,16 @@ static cubuf_status_t user_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, 
     (void)charge;
     const user_impl_t *u = res->impl;
     CUdeviceptr p = 0;
+    cubuf__detail_clear(); /* a detail the callback gives its failure (the caching resource's) is kept */
     cubuf_status_t st = u->ops.allocate(u->state, buf->size, stream, &p);
-    if (st != CUBUF_SUCCESS)
-        return cubuf__fail(st, "user resource: allocate of %zu bytes returned %s", buf->size,
-                           cubuf_status_name(st));
+    if (st != CUBUF_SUCCESS) {
+        if (!cubuf_last_error()[0])
+            return cubuf__fail(st, "user resource: allocate of %zu bytes returned %s", buf->size,
+                               cubuf_status_name(st));
+        cubuf__detail_append("user resource: allocate of %zu bytes returned %s", buf->size,
+                             cubuf_status_name(st));
+        return st;
+    }
     if (!p) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "user resource returned pointer 0");
     buf->ptr = p;
     return CUBUF_SUCCESS;

@@ -1361,9 +1361,38 @@ static void test_log_reuse_order(void)
     cubuf_resource_release(up);
 }
 
+/* Requested bytes past INT64_MAX still count against the cap (the tally is
+ * modulo 2^64): half the address space and one byte held, half more is
+ * refused under a cap of half and 4 KiB. It was admitted (the held bytes
+ * read as 0). */
+static void test_limit_past_int64(void)
+{
+    /* fake_alloc hands out the size as the pointer, never touched */
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, fake_alloc, fake_free, NULL};
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    props.host_accessible = true;
+    cubuf_resource_t *up = NULL, *lim = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, &props, NULL, &up));
+    const size_t half = (size_t)1 << 63;
+    T_REQUIRE(cubuf_limit_adaptor_create(up, half + 4096, &lim));
+    CUdeviceptr a = 0, b = 0;
+    T_OK(cubuf_resource_allocate_raw(lim, half + 1, NULL, &a));
+    T_STATUS(cubuf_resource_allocate_raw(lim, half, NULL, &b), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(strstr(cubuf_last_error(), "cap of 9223372036854779904 bytes") != NULL);
+    T_CHECK(b == 0);
+    T_OK(cubuf_resource_allocate_raw(lim, 4095, NULL, &b)); /* what is left fits */
+    T_OK(cubuf_resource_deallocate_raw(lim, b, 4095, NULL));
+    T_OK(cubuf_resource_deallocate_raw(lim, a, half + 1, NULL));
+    T_OK(cubuf_resource_allocate_raw(lim, half, NULL, &b)); /* all given back: fits again */
+    T_OK(cubuf_resource_deallocate_raw(lim, b, half, NULL));
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
 int main(void)
 {
     test_raw();
+    test_limit_past_int64();
     test_statistics();
     test_limit();
     test_limit_threads();

@@ -76,6 +76,42 @@ static void test_stack_bytes(cubuf_resource_t *pool)
     T_HELD_BACK(held0, "the stack over the device pool");
 }
 
+/* The pool figures of cubuf_resource_stats: an adaptor that keeps no
+ * statistics of its own reads its upstream pool's (they read 0 before);
+ * one that keeps its own is no pool and reads none. */
+static bool never_retry(void *user, size_t size, unsigned attempt)
+{
+    (void)user, (void)size, (void)attempt;
+    return false;
+}
+
+static void test_pool_figures_through(cubuf_resource_t *pool)
+{
+    cubuf_resource_t *tr = NULL, *lg = NULL, *st = NULL;
+    T_REQUIRE(cubuf_tracking_adaptor_create(pool, false, &tr));
+    T_REQUIRE(cubuf_failure_adaptor_create(tr, never_retry, NULL, &lg));
+    T_REQUIRE(cubuf_statistics_adaptor_create(pool, &st));
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_resource_allocate(lg, 2 * MiB, g_s, &b));
+    cubuf_resource_stats_t ps = CUBUF_RESOURCE_STATS_INIT, ts = CUBUF_RESOURCE_STATS_INIT,
+                           ls = CUBUF_RESOURCE_STATS_INIT, ss = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(pool, &ps));
+    T_OK(cubuf_resource_stats(tr, &ts));
+    T_OK(cubuf_resource_stats(lg, &ls));
+    T_OK(cubuf_resource_stats(st, &ss));
+    T_CHECK(ps.pool_used_current >= 2 * MiB && ps.pool_reserved_current >= ps.pool_used_current);
+    T_CHECK(ts.pool_used_current == ps.pool_used_current && ls.pool_used_current == ps.pool_used_current);
+    T_CHECK(ts.pool_reserved_current == ps.pool_reserved_current && ls.pool_used_high == ps.pool_used_high);
+    T_CHECK(ls.current_bytes == ps.current_bytes && ls.current_count == ps.current_count);
+    T_CHECK(ss.pool_used_current == 0 && ss.pool_reserved_current == 0 && ss.current_count == 0);
+    T_OK(cubuf_buffer_close(b));
+    cubuf_buffer_release(b);
+    cubuf_resource_release(st);
+    cubuf_resource_release(lg);
+    cubuf_resource_release(tr);
+    T_CU(cuStreamSynchronize, g_s);
+}
+
 /* A private pool of 64 MiB holds one 40 MiB buffer; a second fails until
  * the callback closes the first, then the retry succeeds. */
 typedef struct rescue {
@@ -375,6 +411,7 @@ int main(void)
     cubuf_resource_t *pool = NULL;
     T_REQUIRE(cubuf_device_resource_create(0, NULL, &pool));
     test_stack_bytes(pool);
+    test_pool_figures_through(pool);
     test_failure_retry();
     test_vmm_raw();
     test_faults(pool);

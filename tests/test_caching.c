@@ -450,8 +450,20 @@ static void test_oom_retry(void)
     T_CHECK(strstr(m, "live 8192 bytes") && strstr(m, "cached 0 bytes"));
     T_CHECK(strstr(m, "largest free block 0 bytes"));
     T_CHECK(e == 0 && stats_of(c).oom_retries == 2 && stats_of(c).live_count == 1);
-    /* the generic path returns the same status */
+    /* the generic path returns the same status and keeps the report, as
+     * does an adaptor over the cache (they add what they add after it) */
     T_STATUS(cubuf_resource_allocate_raw(c, 3000, S2, &e), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(strstr(cubuf_last_error(), "3000 bytes requested") &&
+            strstr(cubuf_last_error(), "live 8192 bytes"));
+    cubuf_resource_t *counted = NULL;
+    T_REQUIRE(cubuf_statistics_adaptor_create(c, &counted));
+    cubuf_buffer_t *none = NULL;
+    T_STATUS(cubuf_resource_allocate(counted, 3000, S2, &none), CUBUF_ERROR_OUT_OF_MEMORY);
+    m = cubuf_last_error();
+    T_CHECK(strstr(m, "3000 bytes requested") && strstr(m, "largest free block 0 bytes"));
+    T_CHECK(strstr(m, "user resource: allocate of 3000 bytes returned CUBUF_ERROR_OUT_OF_MEMORY"));
+    T_CHECK(none == NULL);
+    cubuf_resource_release(counted);
     /* the report counts cached blocks and the largest free one before the release */
     T_OK(cubuf_caching_deallocate(c, d, 8000, S1));
     u.limit = 8192 + 4096;

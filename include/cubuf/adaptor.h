@@ -51,6 +51,13 @@ extern "C" {
  * sizes they keep; an adaptor over it counts what was asked of the adaptor).
  * Within a scope (cubuf_statistics_push) the figures count from the push:
  * frees of older allocations make current figures negative.
+ * A free is counted once the upstream has freed: while one thread's free is
+ * under way, memory it has already given back may be allocated by another
+ * thread, and the peaks then count that memory twice (never less than what
+ * was live; RMM's statistics do the same). A virtual memory upstream counts
+ * its own allocations: one that an adaptor above it gives back at once
+ * (a tracking adaptor with no memory for its record) stays in the
+ * upstream's totals and peaks, as the upstream did make it.
  */
 typedef struct cubuf_statistics {
     size_t struct_size;

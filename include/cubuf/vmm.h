@@ -215,7 +215,8 @@ CUBUF_API cubuf_status_t cubuf_vmm_resource_create(int ordinal, const cubuf_vmm_
  * `buf` is never copied.
  *  - new_size (rounded up to the granularity) at most buf's size: the new
  *    buffer covers exactly what `buf` covers (same pointer, same size); no
- *    driver call is made.
+ *    reservation, allocation or mapping is made. Options, when given, are
+ *    still checked first, and checking peers queries the devices.
  *  - larger: the new part is new physical memory of (new_size rounded) minus
  *    buf's size bytes. If the addresses right after `buf` are free (already
  *    reserved by the range, or reservable there now), only the new part is
