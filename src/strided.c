@@ -16,7 +16,11 @@ cubuf_status_t cubuf__strided_span(const char *what, int ndim, const int64_t *sh
     for (int k = ndim - 1; k >= 0; k--) {
         int64_t stride = strides ? strides[k] : contiguous;
         if (used) used[k] = stride;
-        if (!strides && __builtin_mul_overflow(contiguous, shape[k], &contiguous)) goto overflow;
+        /* The product is the next dimension's stride: needed for k > 0 only,
+         * and not at all for an empty array whose strides nobody asked for. */
+        if (!strides && k > 0 && (used || !empty) &&
+            __builtin_mul_overflow(contiguous, shape[k], &contiguous))
+            goto overflow;
         if (empty) continue;
         int64_t reach;
         if (__builtin_mul_overflow(shape[k] - 1, stride, &reach)) goto overflow;

@@ -636,6 +636,18 @@ static void test_import_empty(void)
     T_CHECK(cubuf_buffer_owner(b) == &g_prod.u);
     cubuf_buffer_release(b);
     T_CHECK(g_prod.deleted_u == 1 && g_prod.deleted_v == 0);
+    /* Empty with implied (NULL) strides whose C-contiguous product would
+     * overflow: there is no element and no stride to compute, so it is
+     * still the empty buffer. */
+    prod_reset(NULL, 0);
+    g_prod.v.dl_tensor.ndim = 3;
+    g_prod.shape[1] = g_prod.shape[2] = (int64_t)1 << 40;
+    g_prod.v.dl_tensor.strides = NULL;
+    b = NULL;
+    T_OK(cubuf_buffer_from_dlpack(&g_prod.v, &b));
+    T_CHECK(b && cubuf_buffer_size(b) == 0 && cubuf_buffer_ptr(b) == 0);
+    cubuf_buffer_release(b);
+    T_CHECK(g_prod.deleted_v == 1);
     prod_reset(NULL, 0);
     g_prod.v.deleter = NULL;
     T_REQUIRE(cubuf_buffer_from_dlpack(&g_prod.v, &b));
