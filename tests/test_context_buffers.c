@@ -659,56 +659,60 @@ static long net_allocations(const char *fired)
 }
 
 /* Fails every driver call (alloc false) or every host allocation (alloc
- * true) on the path in turn. */
+ * true) on the path in turn: first in a new context, then again once the
+ * context has made its pool (the path is shorter then, so the failures
+ * land on its later calls: buffer_from_data's copy and its wait). */
 static void fault_path(make_fn make, const char *name, bool alloc)
 {
     cubuf_context_t *c = NULL;
     T_REQUIRE(cubuf_context_create(0, &c));
-    unsigned failures = 0;
-    bool succeeded = false;
-    for (unsigned nth = 1; nth < 300 && !succeeded; nth++) {
-        cubuf_buffer_t *b = NULL;
-        cubuf_fault_count_calls(true);
-        if (alloc) t_fail_alloc_nth(nth);
-        else cubuf_fault_fail_any_nth(nth, CUDA_ERROR_OUT_OF_MEMORY);
-        cubuf_status_t st = make(c, &b);
-        bool fired = cubuf_fault_fired();
-        if (fired) T_CHECK(cubuf_fault_fired_alloc() == alloc);
-        if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
-        long net = net_allocations(fired ? cubuf_fault_fired_name() : "");
-        cubuf_fault_reset();
-        /* The driver's own count: what a failure allocated, it freed. */
-        if (net != (st == CUBUF_SUCCESS ? 1 : 0)) {
-            fprintf(stderr, "%s: failing %s (n=%u) left %ld pool allocations in the driver\n", name,
-                    fired ? cubuf_fault_fired_name() : "nothing", nth, net - (st == CUBUF_SUCCESS));
-            t_failures++;
+    for (int round = 0; round < 2; round++) {
+        unsigned failures = 0;
+        bool succeeded = false;
+        for (unsigned nth = 1; nth < 300 && !succeeded; nth++) {
+            cubuf_buffer_t *b = NULL;
+            cubuf_fault_count_calls(true);
+            if (alloc) t_fail_alloc_nth(nth);
+            else cubuf_fault_fail_any_nth(nth, CUDA_ERROR_OUT_OF_MEMORY);
+            cubuf_status_t st = make(c, &b);
+            bool fired = cubuf_fault_fired();
+            if (fired) T_CHECK(cubuf_fault_fired_alloc() == alloc);
+            if (fired && alloc) T_STATUS(st, CUBUF_ERROR_OUT_OF_MEMORY);
+            long net = net_allocations(fired ? cubuf_fault_fired_name() : "");
+            cubuf_fault_reset();
+            /* The driver's own count: what a failure allocated, it freed. */
+            if (net != (st == CUBUF_SUCCESS ? 1 : 0)) {
+                fprintf(stderr, "%s: failing %s (n=%u) left %ld pool allocations in the driver\n", name,
+                        fired ? cubuf_fault_fired_name() : "nothing", nth, net - (st == CUBUF_SUCCESS));
+                t_failures++;
+            }
+            if (!fired) {
+                T_CHECK(st == CUBUF_SUCCESS && b != NULL);
+                if (make == make_from_data) T_CHECK(holds(b, 9, 12));
+                cubuf_buffer_release(b);
+                succeeded = true;
+                break;
+            }
+            failures++;
+            if (st == CUBUF_SUCCESS) {
+                fprintf(stderr, "%s succeeded although %s failed (n=%u)\n", name,
+                        cubuf_fault_fired_name(), nth);
+                t_failures++;
+                cubuf_buffer_release(b);
+            } else if (b != NULL || allocated(c) != 0) {
+                fprintf(stderr, "%s: failing %s (n=%u) left out=%p, bytes_allocated %zu\n", name,
+                        cubuf_fault_fired_name(), nth, (void *)b, allocated(c));
+                t_failures++;
+            }
+            /* The caller's context is restored on every failure. */
+            CUcontext cur = NULL;
+            T_CU(cuCtxGetCurrent, &cur);
+            T_CHECK(cur == ctx);
         }
-        if (!fired) {
-            T_CHECK(st == CUBUF_SUCCESS && b != NULL);
-            if (make == make_from_data) T_CHECK(holds(b, 9, 12));
-            cubuf_buffer_release(b);
-            succeeded = true;
-            break;
-        }
-        failures++;
-        if (st == CUBUF_SUCCESS) {
-            fprintf(stderr, "%s succeeded although %s failed (n=%u)\n", name,
-                    cubuf_fault_fired_name(), nth);
-            t_failures++;
-            cubuf_buffer_release(b);
-        } else if (b != NULL || allocated(c) != 0) {
-            fprintf(stderr, "%s: failing %s (n=%u) left out=%p, bytes_allocated %zu\n", name,
-                    cubuf_fault_fired_name(), nth, (void *)b, allocated(c));
-            t_failures++;
-        }
-        /* The caller's context is restored on every failure. */
-        CUcontext cur = NULL;
-        T_CU(cuCtxGetCurrent, &cur);
-        T_CHECK(cur == ctx);
+        cubuf_fault_count_calls(false);
+        T_CHECK(succeeded && failures >= (alloc ? 1u : 2u));
+        T_CHECK(allocated(c) == 0);
     }
-    cubuf_fault_count_calls(false);
-    T_CHECK(succeeded && failures >= (alloc ? 1u : 2u));
-    T_CHECK(allocated(c) == 0);
     cubuf_context_destroy(c);
 }
 
