@@ -67,10 +67,20 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->ipc = NULL;
     b->stream_ref = NULL;
     b->work_stream = work_stream;
+    b->work_ref = NULL;
     atomic_store_explicit(&b->closing, false, memory_order_relaxed);
     b->weakreflist = NULL;
     if (exact) PyObject_GC_Track(b);
     return (PyObject *)b;
+}
+
+PyObject *cbp_buffer_set_work(PyObject *buffer, CUstream s, PyObject *sobj)
+{
+    if (!buffer) return NULL;
+    BufferObject *b = (BufferObject *)buffer;
+    b->work_stream = s;
+    Py_XSETREF(b->work_ref, sobj && sobj != Py_None && !PyLong_Check(sobj) ? Py_NewRef(sobj) : NULL);
+    return buffer;
 }
 
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o)
@@ -112,6 +122,7 @@ static int Buffer_traverse(BufferObject *self, visitproc visit, void *arg)
     Py_VISIT(self->owner);
     if (owner_ref_is_ours(self)) Py_VISIT(self->owner);
     Py_VISIT(self->ipc);
+    Py_VISIT(self->work_ref);
     Py_VISIT(self->stream_ref); /* not cleared by Buffer_clear (the dealloc needs it), but a cycle
                                    through it is broken by clearing the stream object */
     return 0;
@@ -125,6 +136,7 @@ static int Buffer_clear(BufferObject *self)
     Py_CLEAR(self->mr);
     Py_CLEAR(self->ipc);
     Py_CLEAR(self->owner);
+    Py_CLEAR(self->work_ref); /* a garbage buffer's work stream is asked for no more */
     return 0;
 }
 
@@ -139,17 +151,20 @@ static void free_later_on_legacy(BufferObject *self)
     PyErr_Fetch(&exc_type, &exc, &tb); /* a dealloc leaves the error state as it found it */
     CUstream s = NULL;
     int dev = cubuf_buffer_device_id(self->buf);
-    if (cbp_stream(self->stream_ref, &s) == 0 && dev >= 0 &&
+    if (dev < 0) /* pinned host memory, still freed stream-ordered: its resource's device */
+        dev = self->mr && cbp_Resource_Check(self->mr) ? ((ResourceObject *)self->mr)->device : 0;
+    if (cbp_stream(self->stream_ref, &s) == 0 &&
         cbp_stream_handoff(dev, s, CU_STREAM_LEGACY) == 0 &&
         cubuf_buffer_set_deallocation_stream(self->buf, CU_STREAM_LEGACY) == CUBUF_SUCCESS) {
         PyErr_Restore(exc_type, exc, tb);
         return;
     }
     PyErr_Clear();
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "a buffer exported through DLPack outlives its Python object and its stream; "
+                         "its memory is freed on a stream that may be gone (%s)", cubuf_last_error()) < 0)
+        PyErr_WriteUnraisable(NULL); /* warnings as errors: a dealloc cannot raise */
     PyErr_Restore(exc_type, exc, tb);
-    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                     "a buffer exported through DLPack outlives its Python object and its stream; "
-                     "its memory is freed on a stream that may be gone (%s)", cubuf_last_error());
 }
 
 static void Buffer_dealloc(BufferObject *self)
@@ -160,6 +175,7 @@ static void Buffer_dealloc(BufferObject *self)
         cubuf_buffer_close(self->buf) == CUBUF_ERROR_BUSY)
         free_later_on_legacy(self);
     cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
+    self->buf = NULL;                /* gone (maybe freed): Buffer_clear must not inspect it */
     Buffer_clear(self);
     Py_CLEAR(self->stream_ref); /* only now: the release above may have used the stream */
 #ifndef Py_GIL_DISABLED
@@ -256,17 +272,22 @@ static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ss
     const cubuf_copy_options_t *opts;
     if (copy_args("copy_to", "dst", args, nargs, kwnames, false, &dst, &s, &opts, &sobj) < 0) return NULL;
     cubuf_status_t st;
+    if (cbp_buffer_usable(self, "Buffer.copy_to") < 0 ||
+        (dst && cbp_buffer_usable((BufferObject *)dst, "Buffer.copy_to") < 0))
+        return NULL;
     if (dst) {
         st = cubuf_buffer_copy_to(self->buf, ((BufferObject *)dst)->buf, s, opts);
         if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
-        self->work_stream = ((BufferObject *)dst)->work_stream = s;
+        cbp_buffer_set_work((PyObject *)self, s, sobj);
+        cbp_buffer_set_work(dst, s, sobj);
         return Py_NewRef(dst);
     }
     cubuf_buffer_t *out;
     st = cubuf_buffer_copy_to_new(self->buf, s, opts, &out);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
-    self->work_stream = s;
-    return cbp_buffer_keep_stream(cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s), sobj);
+    cbp_buffer_set_work((PyObject *)self, s, sobj);
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s), s, sobj),
+                                  sobj);
 }
 
 static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -276,9 +297,12 @@ static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_
     CUstream s;
     const cubuf_copy_options_t *opts;
     if (copy_args("copy_from", "src", args, nargs, kwnames, true, &src, &s, &opts, &sobj) < 0) return NULL;
+    if (cbp_buffer_usable(self, "Buffer.copy_from") < 0 || cbp_buffer_usable((BufferObject *)src, "Buffer.copy_from") < 0)
+        return NULL;
     cubuf_status_t st = cubuf_buffer_copy_from(self->buf, ((BufferObject *)src)->buf, s, opts);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_from");
-    self->work_stream = ((BufferObject *)src)->work_stream = s;
+    cbp_buffer_set_work((PyObject *)self, s, sobj);
+    cbp_buffer_set_work(src, s, sobj);
     Py_RETURN_NONE;
 }
 
@@ -287,6 +311,7 @@ static PyObject *Buffer_fill(BufferObject *self, PyObject *const *args, Py_ssize
     static const char *const names[] = {"value", "stream"};
     PyObject *a[2];
     if (cbp_parse("fill", args, nargs, kwnames, names, 2, 1, 3u, a) < 0) return NULL;
+    if (cbp_buffer_usable(self, "Buffer.fill") < 0) return NULL;
     CUstream s;
     cubuf_status_t st;
     if (PyLong_Check(a[0])) {
@@ -316,14 +341,16 @@ static PyObject *Buffer_fill(BufferObject *self, PyObject *const *args, Py_ssize
                             Py_TYPE(a[0])->tp_name);
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.fill");
-    self->work_stream = s;
+    cbp_buffer_set_work((PyObject *)self, s, a[1]);
     Py_RETURN_NONE;
 }
 
 static PyObject *Buffer_set_deallocation_stream(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *arg;
-    if (cbp_one_arg("set_deallocation_stream", "stream", args, nargs, kwnames, &arg) < 0) return NULL;
+    if (cbp_one_arg("set_deallocation_stream", "stream", args, nargs, kwnames, &arg) < 0 ||
+        cbp_buffer_usable(self, "Buffer.set_deallocation_stream") < 0)
+        return NULL;
     CUstream s;
     if (cbp_stream(arg, &s) < 0) return NULL;
     cubuf_status_t st = cubuf_buffer_set_deallocation_stream(self->buf, s);
@@ -361,7 +388,7 @@ static PyObject *Buffer_from_handle(PyObject *unused, PyObject *const *args, Py_
         st = cubuf_buffer_view((CUdeviceptr)ptr, size, &buf);
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.from_handle");
-    return cbp_buffer_keep_stream(cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s), a[4]);
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s), s, a[4]), a[4]);
 }
 
 static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
@@ -389,7 +416,7 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
     PyTypeObject *type = PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls, &cbp_Buffer_Type)
                              ? (PyTypeObject *)cls
                              : &cbp_Buffer_Type;
-    return cbp_buffer_keep_stream(cbp_buffer_new(type, buf, a[0], NULL, s), a[2]);
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(type, buf, a[0], NULL, s), s, a[2]), a[2]);
 }
 
 cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)
@@ -510,6 +537,7 @@ static PyObject *Buffer_memory_resource(BufferObject *self, void *c)
 static PyObject *Buffer_ipc_descriptor(BufferObject *self, void *c)
 {
     if (!self->ipc) {
+        if (cbp_buffer_usable(self, "Buffer.ipc_descriptor") < 0) return NULL;
         cubuf_ipc_descriptor_t *d;
         cubuf_status_t st = cubuf_buffer_ipc_descriptor(self->buf, &d);
         if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.ipc_descriptor");

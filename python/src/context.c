@@ -109,6 +109,7 @@ static PyObject *foreign(ContextObject *self, unsigned long long address, size_t
     cubuf_buffer_t *buf;
     cubuf_status_t st;
     if (base && cbp_Buffer_Check(base)) {
+        if (cbp_buffer_usable((BufferObject *)base, what) < 0) return NULL;
         st = cubuf_context_foreign_buffer(self->ctx, (CUdeviceptr)address, size, ((BufferObject *)base)->buf, NULL,
                                           NULL, &buf);
     } else if (base) {

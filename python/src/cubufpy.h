@@ -29,6 +29,7 @@ typedef struct {
                                alive so that the buffer's close never meets a destroyed stream) */
     CUstream work_stream;   /* the stream of the last work issued through this object:
                                the producer's stream for DLPack and the CUDA Array Interface */
+    PyObject *work_ref;     /* the Python stream object work_stream came from (kept alive), or NULL */
     _Atomic bool closing;   /* a close is running without the GIL (or, on a free-threaded
                                build, any close is running) on some thread */
     PyObject *weakreflist;
@@ -150,6 +151,17 @@ void cbp_owner_release(void *owner);
  * (BUSY) instead of freeing the memory under the work. Release it after.
  * NULL with an exception set when the buffer is closed or closing. */
 cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what);
+/* 0, or -1 with RuntimeError while a close of self runs without the GIL on
+ * another thread: nothing may use or take a reference to the buffer then. */
+static inline int cbp_buffer_usable(BufferObject *self, const char *what)
+{
+    if (!atomic_load_explicit(&self->closing, memory_order_acquire)) return 0;
+    PyErr_Format(PyExc_RuntimeError, "%s: the buffer is being closed", what);
+    return -1;
+}
+/* Records s (from the stream argument sobj) as the buffer's work stream,
+ * keeping sobj alive when it is an object (not an int or None). Returns buffer. */
+PyObject *cbp_buffer_set_work(PyObject *buffer, CUstream s, PyObject *sobj);
 /* The release function for C buffers that hold a buffer-protocol export: a
  * Py_buffer on the heap (PyMem_Malloc), released and freed. */
 void cbp_export_release(void *export);

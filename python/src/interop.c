@@ -54,7 +54,9 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
 {
     static const char *const names[] = {"stream", "max_version", "dl_device", "copy"};
     PyObject *a[4];
-    if (cbp_parse("__dlpack__", args, nargs, kwnames, names, 4, 0, 0, a) < 0) return NULL;
+    if (cbp_parse("__dlpack__", args, nargs, kwnames, names, 4, 0, 0, a) < 0 ||
+        cbp_buffer_usable(self, "__dlpack__") < 0)
+        return NULL;
     int32_t dt, did;
     cubuf_status_t st = cubuf_buffer_dlpack_device(self->buf, &dt, &did);
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
@@ -209,13 +211,16 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (st != CUBUF_SUCCESS) return cbp_fail(st, "from_dlpack");
         buf = view;
     }
-    return cbp_buffer_keep_stream(cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer), a[1]);
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer),
+                                                      consumer, a[1]),
+                                  a[1]);
 }
 
 /* ---- CUDA Array Interface --------------------------------------------------- */
 
 PyObject *cbp_buffer_cai(BufferObject *self, void *closure)
 {
+    if (cbp_buffer_usable(self, "__cuda_array_interface__") < 0) return NULL;
     if (cubuf_buffer_is_closed(self->buf)) {
         PyErr_SetString(PyExc_AttributeError, "__cuda_array_interface__: the buffer is closed");
         return NULL;
@@ -297,7 +302,10 @@ PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled
         int64_t s = itemsize;
         for (Py_ssize_t i = ndim - 1; i >= 0; i--) {
             strides[i] = s;
-            s *= shape[i] > 0 ? shape[i] : 1;
+            if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s)) {
+                PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__: the array's span overflows 64 bits");
+                goto out;
+            }
         }
     }
     /* v3: the producer's work on `stream` is made visible on the context's

@@ -250,6 +250,10 @@ static int stream_from_int_object(PyObject *v, CUstream *out)
 int cbp_stream(PyObject *o, CUstream *out)
 {
     if (Py_IS_TYPE(o, &cbp_Stream_Type) || PyObject_TypeCheck(o, &cbp_Stream_Type)) {
+        if (!((StreamObject *)o)->handle) { /* Stream.close() destroyed it (NULL would be the legacy stream) */
+            PyErr_SetString(PyExc_RuntimeError, "the stream is closed");
+            return -1;
+        }
         *out = ((StreamObject *)o)->handle;
         return 0;
     }
@@ -402,6 +406,7 @@ static void Stream_dealloc(StreamObject *self)
 
 static PyObject *Stream_sync(StreamObject *self, PyObject *unused)
 {
+    if (!self->handle) return PyErr_Format(PyExc_RuntimeError, "Stream.sync: the stream is closed");
     /* A default stream belongs to whatever context is current, and Python
      * code rarely has one: synchronize device 0's primary context instead,
      * which waits for its default streams' work and more. */
@@ -420,7 +425,22 @@ static PyObject *Stream_sync(StreamObject *self, PyObject *unused)
 static PyObject *Stream_is_done(StreamObject *self, void *c)
 {
     bool done = false;
-    cubuf_status_t st = cubuf_stream_query(self->handle, &done);
+    if (!self->handle) return PyErr_Format(PyExc_RuntimeError, "Stream.is_done: the stream is closed");
+    cubuf_status_t st;
+    if (cbp_is_legacy(self->handle) || self->handle == CU_STREAM_PER_THREAD) {
+        /* a default stream is the current context's, as in sync(): device 0's primary one */
+        cubuf_context_t *ctx = cbp_device_context(0);
+        if (!ctx) return NULL;
+        CUcontext h = NULL;
+        cubuf_context_handle(ctx, &h);
+        cubuf_ctx_guard_t g;
+        if ((st = cubuf__ctx_push(h, &g)) == CUBUF_SUCCESS) {
+            st = cubuf_stream_query(self->handle, &done);
+            cubuf__ctx_pop(&g);
+        }
+    } else {
+        st = cubuf_stream_query(self->handle, &done);
+    }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Stream.is_done");
     return PyBool_FromLong(done);
 }

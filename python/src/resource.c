@@ -76,7 +76,7 @@ static PyObject *Resource_allocate(ResourceObject *self, PyObject *const *args, 
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "allocate");
     PyTypeObject *bt = Py_IS_TYPE(self, &cbp_VirtualMemoryResource_Type) ? &cbp_VirtualMemoryBuffer_Type
                                                                           : &cbp_Buffer_Type;
-    return cbp_buffer_keep_stream(cbp_buffer_new(bt, buf, (PyObject *)self, NULL, s), a[1]);
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(bt, buf, (PyObject *)self, NULL, s), s, a[1]), a[1]);
 }
 
 static PyObject *Resource_deallocate(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -477,11 +477,13 @@ static PyObject *Vmm_modify_allocation(ResourceObject *self, PyObject *const *ar
         po = &o;
     }
     BufferObject *b = (BufferObject *)a[0];
+    if (cbp_buffer_usable(b, "modify_allocation") < 0) return NULL;
     cubuf_buffer_t *out;
     cubuf_status_t st = cubuf_vmm_modify_allocation(self->res, b->buf, n, po, &out);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "modify_allocation");
-    return cbp_buffer_keep_stream(cbp_buffer_new(&cbp_VirtualMemoryBuffer_Type, out, (PyObject *)self, NULL,
-                                                 b->work_stream),
+    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_VirtualMemoryBuffer_Type, out,
+                                                                     (PyObject *)self, NULL, b->work_stream),
+                                                      b->work_stream, b->work_ref),
                                   b->stream_ref);
 }
 

@@ -1,0 +1,134 @@
+"""Lifetimes and misuse at the edges of the Python layer: a buffer's
+destructor (the C buffer it released is not read again; a warning turned
+into an error does not leak out of it), pinned memory exported through
+DLPack outliving its Buffer and its stream, uses of a buffer while another
+thread closes it without the GIL, work streams and closed streams, default
+streams queried with no context current, and CUDA Array Interface strides
+that overflow. Each test failed before its fix (the first only in the
+CUBUF_SANITIZE=address build, where the released buffer's reuse shows)."""
+import gc
+import threading
+import time
+import warnings
+
+import pytest
+
+import cubuf
+from conftest import Driver
+
+pytestmark = pytest.mark.gpu
+
+
+def test_dealloc_does_not_read_released_buffer():
+    # Buffer_dealloc -> cubuf_buffer_release (frees the C object once the per-thread
+    # cache of 32 is full) -> Buffer_clear -> owner_ref_is_ours(self->buf): use after free.
+    # Fails (heap-use-after-free) under CUBUF_SANITIZE=address,undefined.
+    base = cubuf.DeviceMemoryResource(0).allocate(4096)
+    o = object()
+    bufs = [cubuf.Buffer.from_handle(base.handle, 64, owner=o) for _ in range(80)]
+    del bufs
+    gc.collect()
+
+
+def _exported_pinned_buffer():
+    mr = cubuf.PinnedMemoryResource()
+    s = cubuf.Stream(0)
+    holder = [mr.allocate(64, stream=s)]
+    cap = holder[0].__dlpack__()
+    return mr, holder, cap
+
+
+def test_dealloc_warning_as_error_is_not_left_set():
+    mr, holder, cap = _exported_pinned_buffer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        holder.clear()  # SystemError: list.clear returned a result with an exception set
+    del cap
+
+
+def test_exported_pinned_buffer_is_freed_after_its_stream_goes():
+    mr, holder, cap = _exported_pinned_buffer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        holder.clear()
+        gc.collect()
+        del cap  # CUDAWarning: cuMemFreeAsync on the destroyed stream, memory lost
+        gc.collect()
+    cubuf.Context(0).synchronize()
+    assert mr.stats["current_count"] == 0
+
+
+def test_no_export_while_a_gil_free_close_runs(drv):
+    mr = cubuf.SyncDeviceMemoryResource(0)
+    s = cubuf.Stream(0)
+    b = mr.allocate(4096, stream=s)
+    ev = threading.Event()
+    fn = Driver.HOST_FN(lambda _: ev.wait())
+    drv.launch_host_func(cubuf.Context(0), s, fn)
+    t = threading.Thread(target=b.close)
+    t.start()
+    time.sleep(0.3)  # b.close() now waits for s without the GIL
+    try:
+        with pytest.raises(RuntimeError, match="being closed"):
+            b.__dlpack__(stream=-1)  # else a tensor over memory freed a moment later
+        with pytest.raises(RuntimeError, match="being closed"):
+            cubuf.Context(0).buffer_from_object(b)
+        with pytest.raises(RuntimeError, match="being closed"):
+            b.fill(0, stream=cubuf.default_stream())
+        with pytest.raises(RuntimeError, match="being closed"):
+            b.__cuda_array_interface__
+    finally:
+        ev.set()
+        t.join()
+    assert b.is_closed
+
+
+def test_export_after_the_work_stream_is_gone():
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    s = cubuf.Stream(0)
+    b.fill(1, stream=s)
+    del s
+    gc.collect()
+    cap = b.__dlpack__(stream=1)  # CUDAError: cuStreamQuery on the destroyed stream
+    del cap
+    assert cubuf.from_dlpack(b).size == 64
+
+
+def test_closed_stream_is_refused():
+    s = cubuf.Stream(0)
+    s.close()
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+    with pytest.raises(RuntimeError, match="closed"):
+        b.fill(1, stream=s)  # it ran on the NULL (legacy) stream
+    with pytest.raises(RuntimeError, match="closed"):
+        s.sync()
+    with pytest.raises(RuntimeError, match="closed"):
+        s.is_done
+
+
+def test_default_stream_is_done():
+    out = []
+
+    def query():  # a new thread: no current context (sync() copes with that, is_done does not)
+        try:
+            out.append((cubuf.LEGACY_DEFAULT_STREAM.is_done, cubuf.PER_THREAD_DEFAULT_STREAM.is_done))
+        except Exception as e:
+            out.append(e)
+
+    t = threading.Thread(target=query)
+    t.start()
+    t.join()
+    assert not isinstance(out[0], Exception), out[0]
+    assert all(isinstance(v, bool) for v in out[0])
+
+
+def test_cai_default_strides_do_not_overflow():
+    # interop.c: `s *= shape[i]` signed overflow (UBSan aborts); must be a clean error
+    b = cubuf.DeviceMemoryResource(0).allocate(64)
+
+    class A:
+        __cuda_array_interface__ = {"data": (b.handle, False), "shape": (4, 2**62), "typestr": "<f8",
+                                    "version": 3}
+
+    with pytest.raises(ValueError, match="overflows"):
+        cubuf.Context(0).buffer_from_object(A())
