@@ -85,8 +85,8 @@ PyObject *cbp_buffer_set_work(PyObject *buffer, CUstream s, PyObject *sobj)
 
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o)
 {
-    if (buffer && o && o != Py_None && !PyLong_Check(o))
-        Py_XSETREF(((BufferObject *)buffer)->stream_ref, Py_NewRef(o));
+    if (buffer && o)
+        Py_XSETREF(((BufferObject *)buffer)->stream_ref, o != Py_None && !PyLong_Check(o) ? Py_NewRef(o) : NULL);
     return buffer;
 }
 

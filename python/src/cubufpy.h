@@ -141,8 +141,11 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
                          CUstream work_stream);
 /* Frees the buffer objects kept for reuse (at the module's release). */
 void cbp_buffer_drop_spares(void);
-/* Keeps the Python stream object `o` (not for ints and None) alive as long as
- * the buffer: the one its deallocation is recorded on. Returns buffer. */
+/* Records `o` as the stream the buffer's deallocation is on: a Python
+ * stream object is kept alive as long as the buffer; an int or None (a
+ * handle cubuf cannot keep alive) lets the one kept before go, so that the
+ * destructor never orders the free after a stream that is no longer the
+ * deallocation stream. NULL changes nothing. Returns buffer. */
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o);
 /* The release function for C buffers that keep a Python object alive. */
 void cbp_owner_release(void *owner);

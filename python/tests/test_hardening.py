@@ -132,3 +132,19 @@ def test_cai_default_strides_do_not_overflow():
 
     with pytest.raises(ValueError, match="overflows"):
         cubuf.Context(0).buffer_from_object(A())
+
+
+def test_int_deallocation_stream_lets_the_kept_stream_go():
+    # The destructor orders a free it must defer (an exported buffer) after the
+    # kept stream object: after set_deallocation_stream(int) that object is no
+    # longer the deallocation stream and must not be kept (nor waited for).
+    import sys
+    s = cubuf.Stream(0)
+    b = cubuf.DeviceMemoryResource(0).allocate(64, stream=s)
+    before = sys.getrefcount(s)
+    b.set_deallocation_stream(1)  # the legacy stream, as an int
+    assert sys.getrefcount(s) == before - 1
+    b.set_deallocation_stream(s)
+    assert sys.getrefcount(s) == before
+    b.close(stream=1)
+    assert sys.getrefcount(s) == before - 1
