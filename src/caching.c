@@ -305,6 +305,10 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
     }
     for (cstream_t *t = c->streams; t && cached > keep; t = t->next) {
         if (only && t != only) continue;
+        cs_lock(t);
+        const bool holds = t->cached_bytes > 0;
+        cs_unlock(t);
+        if (!holds) continue;
         CUstream on = t->stream;
         const bool foreign = t->thread_key && t->thread_key != me;
         if (foreign && c->device) {
@@ -318,6 +322,20 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
                 ctx_synced = true;
             }
             on = CU_STREAM_LEGACY;
+        }
+        CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (c->device && cubuf__stream_capture_status(on, NULL, &cst) == CUBUF_SUCCESS &&
+            cst != CU_STREAM_CAPTURE_STATUS_NONE) {
+            /* Its frees would be nodes of the capture, freeing nothing now
+             * (and a synchronization would end the capture): kept. A query
+             * that fails (no context current for a default stream) leaves
+             * the free to report what it meets, as before. */
+            if (first == CUBUF_SUCCESS)
+                first = cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
+                                    "caching resource: the blocks cached on stream %p stay cached "
+                                    "while it captures",
+                                    (void *)on);
+            continue;
         }
         bool gave = false;
         for (unsigned k = NCLASS; k-- > 0 && cached > keep;) {
@@ -385,6 +403,12 @@ static bool steal(caching_t *c, cstream_t *cs, unsigned k, CUstream stream, uint
     pthread_mutex_lock(&c->mutex);
     for (cstream_t *t = c->streams; t && !got; t = t->next) {
         if (t == cs || (t->thread_key && t->thread_key != me)) continue;
+        cs_lock(t);
+        bool has = t->bins[k].n >= min;
+        cs_unlock(t);
+        /* an event recorded on a capturing stream is a node of its capture:
+         * waiting on it would make `stream` join that capture */
+        if (!has || capturing(c, t->stream)) continue;
         cs_lock(t);
         if (t->bins[k].n >= min) {
             *out = t->bins[k].ptrs[--t->bins[k].n];
@@ -468,7 +492,21 @@ static cubuf_status_t cache_free(caching_t *c, CUdeviceptr p, size_t size, CUstr
     const unsigned k = class_index(size);
     const size_t csize = class_bytes(k);
     cstream_t *cs = stream_state(c, stream);
-    if (!cs) return CUBUF_ERROR_OUT_OF_MEMORY;
+    if (!cs) {
+        /* no state for the stream (host memory): the block goes upstream; the
+         * live figures are exact as a sum, so any stream's state counts it
+         * (the allocation's stream has one) */
+        if ((st = up_free(c, p, csize, stream)) != CUBUF_SUCCESS) return st;
+        pthread_mutex_lock(&c->mutex);
+        cstream_t *any = c->streams;
+        if (any) {
+            cs_lock(any);
+            live_sub_locked(any, csize, size);
+            cs_unlock(any);
+        }
+        pthread_mutex_unlock(&c->mutex);
+        return CUBUF_SUCCESS;
+    }
     cs_lock(cs);
     const size_t thr = atomic_load_explicit(&c->threshold, memory_order_relaxed);
     const bool over =

@@ -491,9 +491,11 @@ cubuf_status_t cubuf_ipc_descriptor_deserialize(const void *bytes, size_t len, c
 /* The kernel's limit per SCM_RIGHTS message is 253 (SCM_MAX_FD). */
 #define CMSG_FDS_MAX 253
 
+/* Room for the most fds a message carries and for the credentials
+ * (SCM_CREDENTIALS) a receiving socket with SO_PASSCRED gets besides them. */
 typedef union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int) * CMSG_FDS_MAX)];
+    char buf[CMSG_SPACE(sizeof(int) * CMSG_FDS_MAX) + CMSG_SPACE(sizeof(struct ucred))];
 } fd_cmsg_t;
 
 static cubuf_status_t send_piece(int sock, const uint8_t *p, size_t len, const int *fds, size_t nfds)

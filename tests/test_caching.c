@@ -564,6 +564,27 @@ static void test_faults(void)
     T_CHECK(rounds > 3);
 }
 
+/* A deallocation on a stream the cache has not seen, without host memory
+ * for that stream's state: the header lists no out-of-memory status for a
+ * deallocation (a list that cannot grow sends the block to the upstream),
+ * so the block must go to the upstream rather than stay allocated. */
+static void test_free_new_stream_no_host_memory(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    CUdeviceptr a = 0;
+    T_OK(cubuf_caching_allocate(c, 1000, S1, &a));
+    const CUstream s3 = (CUstream)(uintptr_t)0x3000;
+    cubuf_fault_fail_alloc_nth(1);
+    cubuf_status_t st = cubuf_caching_deallocate(c, a, 1000, s3);
+    cubuf_fault_reset();
+    T_OK(st);
+    cubuf_caching_stats_t s = stats_of(c);
+    T_CHECK(s.live_count == 0 && s.live_bytes == 0 && s.held_bytes == u.live_bytes);
+    if (st != CUBUF_SUCCESS) T_OK(cubuf_caching_deallocate(c, a, 1000, s3));
+    finish(c, up, &u);
+}
+
 /* ---- 16 threads: exact totals ---- */
 
 #define T_THREADS 16
@@ -577,6 +598,7 @@ typedef struct worker {
 } worker_t;
 
 static atomic_int g_start;
+static atomic_long g_mismatch;
 
 static void *work(void *arg)
 {
@@ -592,7 +614,7 @@ static void *work(void *arg)
         if (live[j].p) {
             /* the tag is still ours: no other thread was given this block */
             if (*(volatile uint64_t *)(uintptr_t)live[j].p != (uint64_t)w->id * 1000003u + (uint64_t)j)
-                w->failures++;
+                w->failures++, atomic_fetch_add(&g_mismatch, 1);
             /* one in 8 frees on a neighbour's stream: shared stream locks */
             CUstream s = (x >> 20) % 8 ? own : (CUstream)(uintptr_t)(0x10000 + 0x100 * ((w->id + 1) % T_THREADS));
             if (cubuf_caching_deallocate(w->c, live[j].p, live[j].size, s) != CUBUF_SUCCESS) w->failures++;
@@ -643,6 +665,59 @@ static void test_threads(void)
     printf("threads: %lu allocations: %llu hits, %llu cross-stream, %llu misses; %zu bytes cached\n",
            allocs, (unsigned long long)s.hits, (unsigned long long)s.cross_stream_reuses,
            (unsigned long long)s.misses, s.cached_bytes);
+    finish(c, up, &u);
+}
+
+/* Stress: workers allocate and free on their own and neighbours' streams
+ * while one thread trims, reads statistics and flips the threshold, with the
+ * upstream near out of memory (steals with min 1, release-and-retry). */
+static atomic_int g_stop;
+static void *chaos(void *arg)
+{
+    cubuf_resource_t *c = arg;
+    unsigned i = 0;
+    while (!atomic_load(&g_stop)) {
+        switch (i++ % 4) {
+        case 0: (void)cubuf_caching_trim(c, (i * 7919) % 200000); break;
+        case 1: { cubuf_caching_stats_t s = CUBUF_CACHING_STATS_INIT; (void)cubuf_caching_stats(c, &s); break; }
+        case 2: (void)cubuf_caching_set_release_threshold(c, i % 8 ? 100000 : SIZE_MAX); break;
+        case 3: (void)cubuf_caching_forget_stream(c, (CUstream)(uintptr_t)(0x10000 + 0x100 * (i % T_THREADS))); break;
+        }
+    }
+    return NULL;
+}
+
+static void test_threads_chaos(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    u.limit = 6u << 20;
+    pthread_t th[T_THREADS], ch;
+    worker_t w[T_THREADS];
+    atomic_store(&g_start, 0);
+    atomic_store(&g_stop, 0);
+    for (int i = 0; i < T_THREADS; i++) {
+        w[i] = (worker_t){c, i, 0, 0};
+        T_CHECK(pthread_create(&th[i], NULL, work, &w[i]) == 0);
+    }
+    T_CHECK(pthread_create(&ch, NULL, chaos, c) == 0);
+    atomic_store(&g_start, 1);
+    unsigned long allocs = 0, failures = 0;
+    for (int i = 0; i < T_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        allocs += w[i].allocs;
+        failures += w[i].failures;
+    }
+    atomic_store(&g_stop, 1);
+    pthread_join(ch, NULL);
+    cubuf_caching_stats_t s = stats_of(c);
+    printf("chaos: %lu allocations, %lu failures (out of memory), %llu retries\n", allocs, failures,
+           (unsigned long long)s.oom_retries);
+    T_CHECK(s.live_bytes == 0 && s.live_count == 0 && s.requested_bytes == 0);
+    T_CHECK(s.cached_count == (size_t)u.live && s.cached_bytes == u.live_bytes);
+    T_CHECK(s.held_bytes == u.live_bytes);
+    T_CHECK(atomic_load(&g_mismatch) == 0);
+    u.limit = SIZE_MAX;
     finish(c, up, &u);
 }
 
@@ -738,7 +813,9 @@ int main(void)
     test_trim_putback_full_slot();
     test_oom_retry();
     test_faults();
+    test_free_new_stream_no_host_memory();
     test_threads();
+    test_threads_chaos();
     test_framework_set();
     test_cupy_failures();
     return t_finish("test_caching");

@@ -215,6 +215,99 @@ static void test_capture(void)
     cubuf_resource_release(pool);
 }
 
+/* A trim while a stream that holds cached blocks captures: their frees
+ * would be nodes of the capture (freeing nothing now), so they stay cached
+ * and the trim says so; once the capture ends they go. */
+static void test_trim_while_capturing(void)
+{
+    cubuf_resource_t *pool = private_pool(0), *c = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
+    CUstream t = new_stream(), s = new_stream();
+    CUdeviceptr a = 0, b = 0;
+    T_OK(cubuf_caching_allocate(c, 4096, t, &a));
+    T_OK(cubuf_caching_allocate(c, 65536, s, &b));
+    T_OK(cubuf_caching_deallocate(c, a, 4096, t));
+    T_OK(cubuf_caching_deallocate(c, b, 65536, s));
+    T_CU(cuCtxSynchronize);
+    T_CHECK(cstats(c).cached_count == 2);
+    T_CU(cuStreamBeginCapture, t, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_STREAM_CAPTURING);
+    T_CHECK(strstr(cubuf_last_error(), "while it captures") != NULL);
+    cubuf_caching_stats_t st = cstats(c);
+    T_CHECK(st.cached_count == 1 && st.cached_bytes == 4096); /* s's block went, t's stayed */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    T_CU(cuStreamIsCapturing, t, &cs);
+    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUgraph graph = NULL;
+    T_CHECK(cubuf__drv.cuStreamEndCapture(t, &graph) == CUDA_SUCCESS);
+    if (graph) T_CU(cuGraphDestroy, graph);
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(cstats(c).cached_count == 0);
+    T_OK(cubuf_caching_forget_stream(c, t));
+    T_OK(cubuf_caching_forget_stream(c, s));
+    T_CU(cuStreamDestroy, t);
+    T_CU(cuStreamDestroy, s);
+    cubuf_resource_release(c);
+    cubuf_resource_release(pool);
+}
+
+/* Blocks cached on a stream before its capture began: another stream's miss
+ * must not take them with an event recorded into that capture (waiting on
+ * it makes the other stream join the capture, whose end then fails). */
+static void test_steal_from_capturing(void)
+{
+    cubuf_resource_t *pool = private_pool(0), *c = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
+    CUstream t = new_stream(), s = new_stream();
+    CUdeviceptr a = 0, b = 0, d = 0;
+    T_OK(cubuf_caching_allocate(c, 4096, t, &a));
+    T_OK(cubuf_caching_allocate(c, 4096, t, &b));
+    T_OK(cubuf_caching_deallocate(c, a, 4096, t));
+    T_OK(cubuf_caching_deallocate(c, b, 4096, t)); /* t caches two of the class */
+    T_CU(cuStreamSynchronize, t);
+    T_CU(cuStreamBeginCapture, t, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_OK(cubuf_caching_allocate(c, 4096, s, &d)); /* s does not capture */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    T_CU(cuStreamIsCapturing, s, &cs);
+    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_NONE); /* s has not joined t's capture */
+    CUgraph graph = NULL;
+    CUresult r = cubuf__drv.cuStreamEndCapture(t, &graph);
+    T_CHECK(r == CUDA_SUCCESS);
+    if (graph) T_CU(cuGraphDestroy, graph);
+    T_CU(cuStreamIsCapturing, s, &cs);
+    if (cs == CU_STREAM_CAPTURE_STATUS_NONE) {
+        T_CU(cuMemsetD32Async, d, 7u, 1024, s);
+        T_CU(cuStreamSynchronize, s);
+        T_CHECK(words_are(d, 4096, 7u));
+    }
+    T_OK(cubuf_caching_deallocate(c, d, 4096, s));
+    /* blocks on the legacy stream while a blocking stream captures: an
+     * event recorded on the legacy stream would invalidate that capture */
+    CUstream bl = NULL;
+    T_CU(cuStreamCreate, &bl, CU_STREAM_DEFAULT);
+    T_OK(cubuf_caching_allocate(c, 8192, NULL, &a));
+    T_OK(cubuf_caching_allocate(c, 8192, NULL, &b));
+    T_OK(cubuf_caching_deallocate(c, a, 8192, NULL));
+    T_OK(cubuf_caching_deallocate(c, b, 8192, NULL));
+    T_CU(cuCtxSynchronize);
+    T_CU(cuStreamBeginCapture, bl, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_OK(cubuf_caching_allocate(c, 8192, s, &d));
+    T_CU(cuStreamIsCapturing, bl, &cs);
+    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE); /* not invalidated */
+    graph = NULL;
+    T_CHECK(cubuf__drv.cuStreamEndCapture(bl, &graph) == CUDA_SUCCESS);
+    if (graph) T_CU(cuGraphDestroy, graph);
+    T_OK(cubuf_caching_deallocate(c, d, 8192, s));
+    T_OK(cubuf_caching_forget_stream(c, NULL));
+    T_CU(cuStreamDestroy, bl);
+    T_OK(cubuf_caching_forget_stream(c, t));
+    T_OK(cubuf_caching_forget_stream(c, s));
+    T_CU(cuStreamDestroy, t);
+    T_CU(cuStreamDestroy, s);
+    cubuf_resource_release(c);
+    cubuf_resource_release(pool);
+}
+
 /* ---- out of memory, trim, memory back ---- */
 
 static void test_oom_trim(void)
@@ -447,6 +540,8 @@ int main(void)
     test_one_stream();
     test_cross_stream();
     test_capture();
+    test_steal_from_capturing();
+    test_trim_while_capturing();
     test_oom_trim();
     test_faults();
     test_threads();

@@ -444,6 +444,33 @@ static void test_max_chunks(void)
     T_CHECK(count_fds() == base);
 }
 
+/* The receiving socket passes credentials (SO_PASSCRED): each message's
+ * SCM_CREDENTIALS takes room in the control buffer besides the 250 fds. */
+static void test_passcred_many_fds(void)
+{
+    enum { N = CUBUF_IPC_FDS_PER_MESSAGE };
+    if (fd_limit < 3 * N + 64) return;
+    int base = count_fds();
+    static uint8_t b[CUBUF_IPC_MAX_BYTES];
+    size_t len = seed_vmm(b, N);
+    int *fds = malloc(N * sizeof *fds);
+    for (int i = 0; i < N; i++) fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    cubuf_ipc_descriptor_t *d = NULL, *r = NULL;
+    T_REQUIRE(cubuf_ipc_descriptor_deserialize(b, len, fds, N, &d));
+    int sv[2], one = 1;
+    T_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    T_CHECK(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0);
+    T_OK(cubuf_ipc_send(sv[0], d));
+    T_OK(cubuf_ipc_recv(sv[1], NULL, &r));
+    if (r) check_same(d, r);
+    cubuf_ipc_descriptor_destroy(r);
+    cubuf_ipc_descriptor_destroy(d);
+    free(fds);
+    close(sv[0]);
+    close(sv[1]);
+    T_CHECK(count_fds() == base);
+}
+
 /* Raw sendmsg: `len` bytes with `nfds` fds attached. */
 static void raw_send(int sock, const void *p, size_t len, const int *fds, size_t nfds)
 {
@@ -645,6 +672,7 @@ int main(void)
     test_round_trip(&seeds, SOCK_SEQPACKET);
     test_round_trip(&seeds, SOCK_DGRAM);
     test_max_chunks();
+    test_passcred_many_fds();
     test_socket_failures(&seeds);
     test_killed_peer(&seeds);
     test_alloc_faults(&seeds);

@@ -162,9 +162,12 @@ CUBUF_API cubuf_status_t cubuf_caching_deallocate(cubuf_resource_t *res, CUdevic
  * (no host synchronization, except one cuCtxSynchronize for blocks of other
  * threads' per-thread default streams). The upstream may keep the memory
  * in turn (a pool's own cache: cubuf_resource_trim of the upstream gives it
- * to the system). Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not a caching
- * resource), and the first failure of the upstream's deallocation or of
- * the synchronization (the blocks not given back stay cached).
+ * to the system). Blocks cached on a stream that is capturing stay cached
+ * (their frees would be nodes of the capture), as they do where the
+ * upstream refuses a free. Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not
+ * a caching resource), CUBUF_ERROR_STREAM_CAPTURING (such a stream), and
+ * the first failure of the upstream's deallocation or of the
+ * synchronization (the blocks not given back stay cached).
  */
 CUBUF_API cubuf_status_t cubuf_caching_trim(cubuf_resource_t *res, size_t bytes_to_keep);
 
