@@ -636,24 +636,38 @@ static void *work(void *arg)
     return NULL;
 }
 
-static void test_threads(void)
+/* T_THREADS workers (work) started together on c, and `beside` (if set)
+ * running from before their start until they are all done (told to stop
+ * by g_stop); their allocations and failures summed. */
+static atomic_int g_stop;
+static void run_workers(cubuf_resource_t *c, void *(*beside)(void *), unsigned long *allocs,
+                        unsigned long *failures)
 {
-    host_up_t u;
-    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
-    pthread_t th[T_THREADS];
+    pthread_t th[T_THREADS], side = 0;
     worker_t w[T_THREADS];
     atomic_store(&g_start, 0);
+    atomic_store(&g_stop, 0);
     for (int i = 0; i < T_THREADS; i++) {
         w[i] = (worker_t){c, i, 0, 0};
         T_CHECK(pthread_create(&th[i], NULL, work, &w[i]) == 0);
     }
+    if (beside) T_CHECK(pthread_create(&side, NULL, beside, c) == 0);
     atomic_store(&g_start, 1);
-    unsigned long allocs = 0, failures = 0;
     for (int i = 0; i < T_THREADS; i++) {
         pthread_join(th[i], NULL);
-        allocs += w[i].allocs;
-        failures += w[i].failures;
+        *allocs += w[i].allocs;
+        *failures += w[i].failures;
     }
+    atomic_store(&g_stop, 1);
+    if (beside) pthread_join(side, NULL);
+}
+
+static void test_threads(void)
+{
+    host_up_t u;
+    cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
+    unsigned long allocs = 0, failures = 0;
+    run_workers(c, NULL, &allocs, &failures);
     T_CHECK(failures == 0);
     cubuf_caching_stats_t s = stats_of(c);
     T_CHECK(s.hits + s.cross_stream_reuses + s.misses == allocs);
@@ -671,7 +685,6 @@ static void test_threads(void)
 /* Stress: workers allocate and free on their own and neighbours' streams
  * while one thread trims, reads statistics and flips the threshold, with the
  * upstream near out of memory (steals with min 1, release-and-retry). */
-static atomic_int g_stop;
 static void *chaos(void *arg)
 {
     cubuf_resource_t *c = arg;
@@ -692,24 +705,8 @@ static void test_threads_chaos(void)
     host_up_t u;
     cubuf_resource_t *up, *c = make_cache(&u, &up, NULL);
     u.limit = 6u << 20;
-    pthread_t th[T_THREADS], ch;
-    worker_t w[T_THREADS];
-    atomic_store(&g_start, 0);
-    atomic_store(&g_stop, 0);
-    for (int i = 0; i < T_THREADS; i++) {
-        w[i] = (worker_t){c, i, 0, 0};
-        T_CHECK(pthread_create(&th[i], NULL, work, &w[i]) == 0);
-    }
-    T_CHECK(pthread_create(&ch, NULL, chaos, c) == 0);
-    atomic_store(&g_start, 1);
     unsigned long allocs = 0, failures = 0;
-    for (int i = 0; i < T_THREADS; i++) {
-        pthread_join(th[i], NULL);
-        allocs += w[i].allocs;
-        failures += w[i].failures;
-    }
-    atomic_store(&g_stop, 1);
-    pthread_join(ch, NULL);
+    run_workers(c, chaos, &allocs, &failures);
     cubuf_caching_stats_t s = stats_of(c);
     printf("chaos: %lu allocations, %lu failures (out of memory), %llu retries\n", allocs, failures,
            (unsigned long long)s.oom_retries);

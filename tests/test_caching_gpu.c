@@ -215,6 +215,30 @@ static void test_capture(void)
     cubuf_resource_release(pool);
 }
 
+/* Two blocks of `size` allocated on `stream` and cached there, the stream
+ * synchronized after: what a later capture or steal finds. */
+static void cache_pair(cubuf_resource_t *c, CUstream stream, size_t size)
+{
+    CUdeviceptr a = 0, b = 0;
+    T_OK(cubuf_caching_allocate(c, size, stream, &a));
+    T_OK(cubuf_caching_allocate(c, size, stream, &b));
+    T_OK(cubuf_caching_deallocate(c, a, size, stream));
+    T_OK(cubuf_caching_deallocate(c, b, size, stream));
+    T_CU(cuCtxSynchronize);
+}
+
+/* The capture on `stream` is still active and ends cleanly (nothing from
+ * outside it was put into it). */
+static void end_capture_ok(CUstream stream)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    T_CU(cuStreamIsCapturing, stream, &cs);
+    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUgraph graph = NULL;
+    T_CHECK(cubuf__drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+    if (graph) T_CU(cuGraphDestroy, graph);
+}
+
 /* A trim while a stream that holds cached blocks captures: their frees
  * would be nodes of the capture (freeing nothing now), so they stay cached
  * and the trim says so; once the capture ends they go. */
@@ -223,24 +247,15 @@ static void test_trim_while_capturing(void)
     cubuf_resource_t *pool = private_pool(0), *c = NULL;
     T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
     CUstream t = new_stream(), s = new_stream();
-    CUdeviceptr a = 0, b = 0;
-    T_OK(cubuf_caching_allocate(c, 4096, t, &a));
-    T_OK(cubuf_caching_allocate(c, 65536, s, &b));
-    T_OK(cubuf_caching_deallocate(c, a, 4096, t));
-    T_OK(cubuf_caching_deallocate(c, b, 65536, s));
-    T_CU(cuCtxSynchronize);
-    T_CHECK(cstats(c).cached_count == 2);
+    cache_pair(c, t, 4096);
+    cache_pair(c, s, 65536);
+    T_CHECK(cstats(c).cached_count == 4);
     T_CU(cuStreamBeginCapture, t, CU_STREAM_CAPTURE_MODE_RELAXED);
     T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_STREAM_CAPTURING);
     T_CHECK(strstr(cubuf_last_error(), "while it captures") != NULL);
     cubuf_caching_stats_t st = cstats(c);
-    T_CHECK(st.cached_count == 1 && st.cached_bytes == 4096); /* s's block went, t's stayed */
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    T_CU(cuStreamIsCapturing, t, &cs);
-    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CUgraph graph = NULL;
-    T_CHECK(cubuf__drv.cuStreamEndCapture(t, &graph) == CUDA_SUCCESS);
-    if (graph) T_CU(cuGraphDestroy, graph);
+    T_CHECK(st.cached_count == 2 && st.cached_bytes == 2 * 4096); /* s's blocks went, t's stayed */
+    end_capture_ok(t);
     T_OK(cubuf_caching_trim(c, 0));
     T_CHECK(cstats(c).cached_count == 0);
     T_OK(cubuf_caching_forget_stream(c, t));
@@ -259,21 +274,14 @@ static void test_steal_from_capturing(void)
     cubuf_resource_t *pool = private_pool(0), *c = NULL;
     T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
     CUstream t = new_stream(), s = new_stream();
-    CUdeviceptr a = 0, b = 0, d = 0;
-    T_OK(cubuf_caching_allocate(c, 4096, t, &a));
-    T_OK(cubuf_caching_allocate(c, 4096, t, &b));
-    T_OK(cubuf_caching_deallocate(c, a, 4096, t));
-    T_OK(cubuf_caching_deallocate(c, b, 4096, t)); /* t caches two of the class */
-    T_CU(cuStreamSynchronize, t);
+    CUdeviceptr d = 0;
+    cache_pair(c, t, 4096); /* t caches two of the class */
     T_CU(cuStreamBeginCapture, t, CU_STREAM_CAPTURE_MODE_RELAXED);
     T_OK(cubuf_caching_allocate(c, 4096, s, &d)); /* s does not capture */
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     T_CU(cuStreamIsCapturing, s, &cs);
     T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_NONE); /* s has not joined t's capture */
-    CUgraph graph = NULL;
-    CUresult r = cubuf__drv.cuStreamEndCapture(t, &graph);
-    T_CHECK(r == CUDA_SUCCESS);
-    if (graph) T_CU(cuGraphDestroy, graph);
+    end_capture_ok(t);
     T_CU(cuStreamIsCapturing, s, &cs);
     if (cs == CU_STREAM_CAPTURE_STATUS_NONE) {
         T_CU(cuMemsetD32Async, d, 7u, 1024, s);
@@ -285,18 +293,10 @@ static void test_steal_from_capturing(void)
      * event recorded on the legacy stream would invalidate that capture */
     CUstream bl = NULL;
     T_CU(cuStreamCreate, &bl, CU_STREAM_DEFAULT);
-    T_OK(cubuf_caching_allocate(c, 8192, NULL, &a));
-    T_OK(cubuf_caching_allocate(c, 8192, NULL, &b));
-    T_OK(cubuf_caching_deallocate(c, a, 8192, NULL));
-    T_OK(cubuf_caching_deallocate(c, b, 8192, NULL));
-    T_CU(cuCtxSynchronize);
+    cache_pair(c, NULL, 8192);
     T_CU(cuStreamBeginCapture, bl, CU_STREAM_CAPTURE_MODE_RELAXED);
     T_OK(cubuf_caching_allocate(c, 8192, s, &d));
-    T_CU(cuStreamIsCapturing, bl, &cs);
-    T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE); /* not invalidated */
-    graph = NULL;
-    T_CHECK(cubuf__drv.cuStreamEndCapture(bl, &graph) == CUDA_SUCCESS);
-    if (graph) T_CU(cuGraphDestroy, graph);
+    end_capture_ok(bl); /* not invalidated */
     T_OK(cubuf_caching_deallocate(c, d, 8192, s));
     T_OK(cubuf_caching_forget_stream(c, NULL));
     T_CU(cuStreamDestroy, bl);

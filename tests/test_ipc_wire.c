@@ -417,22 +417,25 @@ static void test_alloc_faults(const ipc_seed_list_t *seeds)
     T_CHECK(count_fds() == base);
 }
 
-/* The largest descriptor: CUBUF_IPC_MAX_CHUNKS fds in five messages. */
-static void test_max_chunks(void)
+/* A VMM descriptor of n fds (on /dev/null) sent and received over a
+ * socket pair, the receiver passing credentials (SO_PASSCRED) if asked:
+ * it comes back the same, and every fd is closed after. */
+static void round_trip_fds(int n, bool passcred)
 {
-    if (fd_limit < 3 * CUBUF_IPC_MAX_CHUNKS + 64) {
-        printf("  max-chunk round trip skipped: fd limit %zu\n", fd_limit);
+    if (fd_limit < 3 * (size_t)n + 64) {
+        printf("  round trip of %d fds skipped: fd limit %zu\n", n, fd_limit);
         return;
     }
     int base = count_fds();
     static uint8_t b[CUBUF_IPC_MAX_BYTES];
-    size_t len = seed_vmm(b, CUBUF_IPC_MAX_CHUNKS);
-    int *fds = malloc(CUBUF_IPC_MAX_CHUNKS * sizeof *fds);
-    for (int i = 0; i < CUBUF_IPC_MAX_CHUNKS; i++) fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    size_t len = seed_vmm(b, n);
+    int *fds = malloc(n * sizeof *fds);
+    for (int i = 0; i < n; i++) fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
     cubuf_ipc_descriptor_t *d = NULL, *r = NULL;
-    T_REQUIRE(cubuf_ipc_descriptor_deserialize(b, len, fds, CUBUF_IPC_MAX_CHUNKS, &d));
-    int sv[2];
+    T_REQUIRE(cubuf_ipc_descriptor_deserialize(b, len, fds, n, &d));
+    int sv[2], one = 1;
     T_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    if (passcred) T_CHECK(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0);
     T_OK(cubuf_ipc_send(sv[0], d));
     T_OK(cubuf_ipc_recv(sv[1], NULL, &r));
     if (r) check_same(d, r);
@@ -444,32 +447,12 @@ static void test_max_chunks(void)
     T_CHECK(count_fds() == base);
 }
 
+/* The largest descriptor: CUBUF_IPC_MAX_CHUNKS fds in five messages. */
+static void test_max_chunks(void) { round_trip_fds(CUBUF_IPC_MAX_CHUNKS, false); }
+
 /* The receiving socket passes credentials (SO_PASSCRED): each message's
  * SCM_CREDENTIALS takes room in the control buffer besides the 250 fds. */
-static void test_passcred_many_fds(void)
-{
-    enum { N = CUBUF_IPC_FDS_PER_MESSAGE };
-    if (fd_limit < 3 * N + 64) return;
-    int base = count_fds();
-    static uint8_t b[CUBUF_IPC_MAX_BYTES];
-    size_t len = seed_vmm(b, N);
-    int *fds = malloc(N * sizeof *fds);
-    for (int i = 0; i < N; i++) fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    cubuf_ipc_descriptor_t *d = NULL, *r = NULL;
-    T_REQUIRE(cubuf_ipc_descriptor_deserialize(b, len, fds, N, &d));
-    int sv[2], one = 1;
-    T_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    T_CHECK(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0);
-    T_OK(cubuf_ipc_send(sv[0], d));
-    T_OK(cubuf_ipc_recv(sv[1], NULL, &r));
-    if (r) check_same(d, r);
-    cubuf_ipc_descriptor_destroy(r);
-    cubuf_ipc_descriptor_destroy(d);
-    free(fds);
-    close(sv[0]);
-    close(sv[1]);
-    T_CHECK(count_fds() == base);
-}
+static void test_passcred_many_fds(void) { round_trip_fds(CUBUF_IPC_FDS_PER_MESSAGE, true); }
 
 /* Raw sendmsg: `len` bytes with `nfds` fds attached. */
 static void raw_send(int sock, const void *p, size_t len, const int *fds, size_t nfds)

@@ -45,8 +45,15 @@ void cbp_buffer_drop_spares(void)
 #endif
 }
 
+/* A new reference to a Python stream object; NULL for none, None or an int
+ * (a handle cubuf cannot keep alive). */
+static PyObject *stream_object_ref(PyObject *o)
+{
+    return o && o != Py_None && !PyLong_Check(o) ? Py_NewRef(o) : NULL;
+}
+
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
-                         CUstream work_stream)
+                         CUstream work_stream, PyObject *stream)
 {
     BufferObject *b;
     const bool exact = exact_buffer_type(type);
@@ -65,9 +72,9 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->mr = Py_XNewRef(mr);
     b->owner = Py_XNewRef(owner);
     b->ipc = NULL;
-    b->stream_ref = NULL;
+    b->stream_ref = stream_object_ref(stream);
     b->work_stream = work_stream;
-    b->work_ref = NULL;
+    b->work_ref = stream_object_ref(stream);
     atomic_store_explicit(&b->closing, false, memory_order_relaxed);
     b->weakreflist = NULL;
     if (exact) PyObject_GC_Track(b);
@@ -79,14 +86,13 @@ PyObject *cbp_buffer_set_work(PyObject *buffer, CUstream s, PyObject *sobj)
     if (!buffer) return NULL;
     BufferObject *b = (BufferObject *)buffer;
     b->work_stream = s;
-    Py_XSETREF(b->work_ref, sobj && sobj != Py_None && !PyLong_Check(sobj) ? Py_NewRef(sobj) : NULL);
+    Py_XSETREF(b->work_ref, stream_object_ref(sobj));
     return buffer;
 }
 
 PyObject *cbp_buffer_keep_stream(PyObject *buffer, PyObject *o)
 {
-    if (buffer && o)
-        Py_XSETREF(((BufferObject *)buffer)->stream_ref, o != Py_None && !PyLong_Check(o) ? Py_NewRef(o) : NULL);
+    if (buffer && o) Py_XSETREF(((BufferObject *)buffer)->stream_ref, stream_object_ref(o));
     return buffer;
 }
 
@@ -286,8 +292,7 @@ static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ss
     st = cubuf_buffer_copy_to_new(self->buf, s, opts, &out);
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
     cbp_buffer_set_work((PyObject *)self, s, sobj);
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s), s, sobj),
-                                  sobj);
+    return cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s, sobj);
 }
 
 static PyObject *Buffer_copy_from(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -388,7 +393,7 @@ static PyObject *Buffer_from_handle(PyObject *unused, PyObject *const *args, Py_
         st = cubuf_buffer_view((CUdeviceptr)ptr, size, &buf);
     }
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "Buffer.from_handle");
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s), s, a[4]), a[4]);
+    return cbp_buffer_new(&cbp_Buffer_Type, buf, mr, owner, s, a[4]);
 }
 
 static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
@@ -416,7 +421,7 @@ static PyObject *Buffer_from_ipc_descriptor(PyObject *cls, PyObject *const *args
     PyTypeObject *type = PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls, &cbp_Buffer_Type)
                              ? (PyTypeObject *)cls
                              : &cbp_Buffer_Type;
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(type, buf, a[0], NULL, s), s, a[2]), a[2]);
+    return cbp_buffer_new(type, buf, a[0], NULL, s, a[2]);
 }
 
 cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)

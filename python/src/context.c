@@ -55,7 +55,7 @@ static void Context_dealloc(ContextObject *self)
 static PyObject *buffer_of(cubuf_status_t st, cubuf_buffer_t *buf, PyObject *owner, const char *what)
 {
     if (st != CUBUF_SUCCESS) return cbp_fail(st, what);
-    return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, owner, CU_STREAM_LEGACY);
+    return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, owner, CU_STREAM_LEGACY, NULL);
 }
 
 static PyObject *Context_new_buffer(ContextObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)

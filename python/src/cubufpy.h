@@ -136,9 +136,12 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
 /* ---- buffers (buffer.c) -------------------------------------------------- */
 
 /* A new Buffer (or `type`) owning `buf` (stolen: released on failure).
- * mr and owner may be NULL (new references are taken). */
+ * mr and owner may be NULL (new references are taken). `work_stream` is
+ * where its work was issued; `stream`, the Python object that stream came
+ * from (or NULL, None, an int), is kept alive as its work stream's and its
+ * deallocation stream's object (cbp_buffer_set_work, cbp_buffer_keep_stream). */
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
-                         CUstream work_stream);
+                         CUstream work_stream, PyObject *stream);
 /* Frees the buffer objects kept for reuse (at the module's release). */
 void cbp_buffer_drop_spares(void);
 /* Records `o` as the stream the buffer's deallocation is on: a Python

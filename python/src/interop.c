@@ -211,9 +211,7 @@ PyObject *cbp_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (st != CUBUF_SUCCESS) return cbp_fail(st, "from_dlpack");
         buf = view;
     }
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer),
-                                                      consumer, a[1]),
-                                  a[1]);
+    return cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, NULL, consumer, a[1]);
 }
 
 /* ---- CUDA Array Interface --------------------------------------------------- */
@@ -327,7 +325,7 @@ PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled
         cbp_fail(st, "Context.buffer_from_object");
         goto out;
     }
-    r = cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, obj, CU_STREAM_LEGACY);
+    r = cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, obj, CU_STREAM_LEGACY, NULL);
 out:
     Py_DECREF(cai);
     return r;

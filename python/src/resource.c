@@ -76,7 +76,7 @@ static PyObject *Resource_allocate(ResourceObject *self, PyObject *const *args, 
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "allocate");
     PyTypeObject *bt = Py_IS_TYPE(self, &cbp_VirtualMemoryResource_Type) ? &cbp_VirtualMemoryBuffer_Type
                                                                           : &cbp_Buffer_Type;
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(bt, buf, (PyObject *)self, NULL, s), s, a[1]), a[1]);
+    return cbp_buffer_new(bt, buf, (PyObject *)self, NULL, s, a[1]);
 }
 
 static PyObject *Resource_deallocate(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -481,10 +481,10 @@ static PyObject *Vmm_modify_allocation(ResourceObject *self, PyObject *const *ar
     cubuf_buffer_t *out;
     cubuf_status_t st = cubuf_vmm_modify_allocation(self->res, b->buf, n, po, &out);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "modify_allocation");
-    return cbp_buffer_keep_stream(cbp_buffer_set_work(cbp_buffer_new(&cbp_VirtualMemoryBuffer_Type, out,
-                                                                     (PyObject *)self, NULL, b->work_stream),
-                                                      b->work_stream, b->work_ref),
-                                  b->stream_ref);
+    /* the new buffer works where b did and is freed on b's deallocation stream */
+    PyObject *nb = cbp_buffer_new(&cbp_VirtualMemoryBuffer_Type, out, (PyObject *)self, NULL, b->work_stream,
+                                  b->work_ref);
+    return cbp_buffer_keep_stream(nb, b->stream_ref ? b->stream_ref : Py_None);
 }
 
 static PyObject *Vmm_granularity(ResourceObject *self, void *c)
