@@ -289,7 +289,9 @@ static void keep_block(caching_t *c, cstream_t *t, unsigned k, CUdeviceptr p, co
 
 /* Gives cached blocks back to the upstream until at most `keep` cached
  * bytes remain, only those of `only` when it is not NULL, each ordered on
- * its stream; `sync` then synchronizes each stream that gave blocks back.
+ * its stream (another thread's per-thread stream's on the legacy stream,
+ * after a context synchronization); `sync` then synchronizes each stream
+ * that gave blocks back, the legacy stream for those.
  * Returns the first failure; what could not go stays cached. */
 static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t *only)
 {
@@ -360,7 +362,7 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
             }
         }
     next_stream:
-        if (sync && gave && c->device && !foreign) {
+        if (sync && gave && c->device) {
             cubuf_status_t st = CU(cuStreamSynchronize, on);
             if (st != CUBUF_SUCCESS && first == CUBUF_SUCCESS) first = st;
         }

@@ -361,6 +361,69 @@ static void test_oom_trim(void)
     cubuf_resource_release(pool);
 }
 
+/* Blocks cached on another thread's per-thread stream, which only that
+ * thread can name: release-and-retry frees them on the legacy stream after
+ * a context synchronization, then synchronizes the legacy stream so that
+ * the frees have run before the retry (on another stream, which could not
+ * take memory whose free is still pending). */
+typedef struct per_thread_fill {
+    cubuf_resource_t *c;
+    size_t size;
+    int n;
+    bool ok;
+} per_thread_fill_t;
+
+static void *fill_per_thread(void *arg)
+{
+    per_thread_fill_t *f = arg;
+    CUdeviceptr p[16] = {0};
+    f->ok = cubuf__drv.cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS;
+    for (int i = 0; f->ok && i < f->n; i++)
+        f->ok = cubuf_caching_allocate(f->c, f->size, CU_STREAM_PER_THREAD, &p[i]) == CUBUF_SUCCESS;
+    for (int i = 0; i < f->n; i++)
+        if (p[i] && cubuf_caching_deallocate(f->c, p[i], f->size, CU_STREAM_PER_THREAD) != CUBUF_SUCCESS)
+            f->ok = false;
+    if (cubuf__drv.cuStreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) f->ok = false;
+    return NULL;
+}
+
+static void test_oom_foreign_per_thread(void)
+{
+    const size_t max = 64u << 20, big = 15u << 20, small = 7u << 20;
+    cubuf_resource_t *pool = private_pool(max), *c = NULL;
+    CUstream s = new_stream();
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
+    per_thread_fill_t f = {c, big, (int)(max / big), false};
+    pthread_t th;
+    T_CHECK(pthread_create(&th, NULL, fill_per_thread, &f) == 0);
+    pthread_join(th, NULL);
+    T_CHECK(f.ok && cstats(c).cached_bytes == (size_t)f.n * big);
+    /* another class on s: the pool is full of the other thread's blocks */
+    CUdeviceptr q[16] = {0};
+    int nq = 0;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    cubuf_fault_count_calls(true);
+    while (nq < 16 && cstats(c).oom_retries == 0 &&
+           (st = cubuf_caching_allocate(c, small, s, &q[nq])) == CUBUF_SUCCESS)
+        nq++;
+    const unsigned long syncs = cubuf_fault_calls("cuStreamSynchronize");
+    cubuf_fault_count_calls(false);
+    T_OK(st);
+    cubuf_caching_stats_t cs = cstats(c);
+    T_CHECK(cs.oom_retries == 1 && cs.cached_bytes == 0 && cs.live_count == (size_t)nq);
+    T_CHECK(syncs >= 1); /* the legacy stream, after its frees */
+    for (int i = 0; i < nq; i++) T_CU(cuMemsetD32Async, q[i], 0x3c3c3c3cu, small / 4, s);
+    T_CU(cuStreamSynchronize, s);
+    for (int i = 0; i < nq; i++) T_CHECK(words_are(q[i], small, 0x3c3c3c3cu));
+    for (int i = 0; i < nq; i++) T_OK(cubuf_caching_deallocate(c, q[i], small, s));
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(pool_stats(pool).pool_used_current == 0);
+    T_OK(cubuf_caching_forget_stream(c, s));
+    T_CU(cuStreamDestroy, s);
+    cubuf_resource_release(c);
+    cubuf_resource_release(pool);
+}
+
 /* ---- every driver call fails once ---- */
 
 static void test_faults(void)
@@ -543,6 +606,7 @@ int main(void)
     test_steal_from_capturing();
     test_trim_while_capturing();
     test_oom_trim();
+    test_oom_foreign_per_thread();
     test_faults();
     test_threads();
     test_framework();
