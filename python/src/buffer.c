@@ -76,6 +76,7 @@ PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, 
     b->work_stream = work_stream;
     b->work_ref = stream_object_ref(stream);
     atomic_store_explicit(&b->closing, false, memory_order_relaxed);
+    b->read_only = false;
     b->weakreflist = NULL;
     if (exact) PyObject_GC_Track(b);
     return (PyObject *)b;

@@ -52,6 +52,13 @@ static void Context_dealloc(ContextObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* r (a new Buffer, or NULL) marked read-only when its memory is. */
+static PyObject *read_only_if(PyObject *r, bool read_only)
+{
+    if (r) ((BufferObject *)r)->read_only = read_only;
+    return r;
+}
+
 static PyObject *buffer_of(cubuf_status_t st, cubuf_buffer_t *buf, PyObject *owner, const char *what)
 {
     if (st != CUBUF_SUCCESS) return cbp_fail(st, what);
@@ -152,7 +159,8 @@ static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *const
     if (cbp_one_arg("buffer_from_object", "obj", args, nargs, kwnames, &obj) < 0) return NULL;
     if (cbp_Buffer_Check(obj)) {
         cubuf_buffer_t *b = ((BufferObject *)obj)->buf;
-        return foreign(self, cubuf_buffer_ptr(b), cubuf_buffer_size(b), obj, "Context.buffer_from_object");
+        PyObject *r = foreign(self, cubuf_buffer_ptr(b), cubuf_buffer_size(b), obj, "Context.buffer_from_object");
+        return read_only_if(r, cbp_buffer_read_only((BufferObject *)obj));
     }
     bool handled = false;
     PyObject *r = cbp_buffer_from_cai(self->ctx, obj, &handled);
@@ -169,6 +177,7 @@ static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *const
             PyMem_Free(view);
             return NULL;
         }
+        const bool read_only = view->readonly;
         CUdeviceptr d = 0;
         cubuf_buffer_t *buf = NULL;
         cubuf_status_t st = view->len ? cubuf_context_device_address(self->ctx, view->buf, &d) : CUBUF_SUCCESS;
@@ -178,7 +187,7 @@ static PyObject *Context_buffer_from_object(ContextObject *self, PyObject *const
             PyBuffer_Release(view);
             PyMem_Free(view);
         }
-        return buffer_of(st, buf, obj, "Context.buffer_from_object");
+        return read_only_if(buffer_of(st, buf, obj, "Context.buffer_from_object"), read_only);
     }
     return PyErr_Format(PyExc_TypeError,
                         "buffer_from_object: %.200s is not a cubuf.Buffer, has no __cuda_array_interface__ and "
@@ -280,7 +289,9 @@ static PyMethodDef Context_methods[] = {
      "buffer-protocol object or a cubuf Buffer)."},
     {"buffer_from_object", (PyCFunction)(void (*)(void))Context_buffer_from_object, METH_FASTCALL | METH_KEYWORDS,
      "buffer_from_object(obj) -> a view of device-accessible memory: a cubuf Buffer, an object with\n"
-     "__cuda_array_interface__ (the contiguous span holding every element), or pinned host memory."},
+     "__cuda_array_interface__ (the contiguous span holding every element), or pinned host memory.\n"
+     "Read-only memory (data[1] true, a read-only host buffer or Buffer) stays read-only in the\n"
+     "view's exports (DLPack's flag, the interface's data[1]); writes into it are not refused."},
     {"foreign_buffer", (PyCFunction)(void (*)(void))Context_foreign_buffer, METH_FASTCALL | METH_KEYWORDS,
      "foreign_buffer(address, size, base=None) -> a view; base is kept alive by it."},
     {"get_device_address", (PyCFunction)(void (*)(void))Context_get_device_address, METH_FASTCALL | METH_KEYWORDS,

@@ -32,6 +32,8 @@ typedef struct {
     PyObject *work_ref;     /* the Python stream object work_stream came from (kept alive), or NULL */
     _Atomic bool closing;   /* a close is running without the GIL (or, on a free-threaded
                                build, any close is running) on some thread */
+    bool read_only;         /* buffer_from_object of read-only memory (a CUDA Array Interface
+                               with data[1] true, a read-only host buffer, a read-only Buffer) */
     PyObject *weakreflist;
 } BufferObject;
 
@@ -75,6 +77,14 @@ extern PyTypeObject cbp_Context_Type, cbp_Stream_Type, cbp_Descriptor_Type, cbp_
 int cbp_resource_types_ready(PyObject *module);
 
 #define cbp_Buffer_Check(o) PyObject_TypeCheck((o), &cbp_Buffer_Type)
+
+/* Whether the producer of b's memory said it must not be written: what
+ * exports pass on (DLPack's read-only flag, the CUDA Array Interface's
+ * data[1]). Like the C library, cubuf does not enforce it. */
+static inline bool cbp_buffer_read_only(const BufferObject *b)
+{
+    return b->read_only || cubuf_dlpack_is_read_only(b->buf);
+}
 #define cbp_Resource_Check(o) PyObject_TypeCheck((o), &cbp_MemoryResource_Type)
 
 /* ---- errors (module.c) --------------------------------------------------- */

@@ -99,7 +99,7 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
      * so: cubuf refuses it, a BufferError). */
     cubuf_dlpack_options_t ro = CUBUF_DLPACK_OPTIONS_INIT;
     ro.read_only = true;
-    const cubuf_dlpack_options_t *opts = !copy && cubuf_dlpack_is_read_only(src) ? &ro : NULL;
+    const cubuf_dlpack_options_t *opts = !copy && cbp_buffer_read_only(self) ? &ro : NULL;
     if (versioned) {
         DLManagedTensorVersioned *t;
         st = cubuf_buffer_to_dlpack(src, opts, &t);
@@ -231,7 +231,7 @@ PyObject *cbp_buffer_cai(BufferObject *self, void *closure)
     if (!stream) return NULL;
     PyObject *d = Py_BuildValue("{s(n)sss(KO)sisOsN}", "shape", (Py_ssize_t)cubuf_buffer_size(self->buf), "typestr",
                                 "|u1", "data", (unsigned long long)cubuf_buffer_ptr(self->buf),
-                                cubuf_dlpack_is_read_only(self->buf) ? Py_True : Py_False, "version", 3, "strides",
+                                cbp_buffer_read_only(self) ? Py_True : Py_False, "version", 3, "strides",
                                 Py_None, "stream", stream);
     return d;
 }
@@ -290,6 +290,8 @@ PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled
         PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: bad typestr %R", ts);
         goto out;
     }
+    const int read_only = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
+    if (read_only < 0) goto out;
     unsigned long long ptr = 0;
     if (PyTuple_GET_ITEM(data, 0) != Py_None && cbp_handle(PyTuple_GET_ITEM(data, 0), "data pointer", &ptr) < 0)
         goto out;
@@ -326,6 +328,7 @@ PyObject *cbp_buffer_from_cai(cubuf_context_t *ctx, PyObject *obj, bool *handled
         goto out;
     }
     r = cbp_buffer_new(&cbp_Buffer_Type, buf, NULL, obj, CU_STREAM_LEGACY, NULL);
+    if (r) ((BufferObject *)r)->read_only = read_only;
 out:
     Py_DECREF(cai);
     return r;

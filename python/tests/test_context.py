@@ -211,6 +211,43 @@ def test_buffer_from_object(ctx):
         ctx.buffer_from_object(object())
 
 
+def _dlpack_flags(cap):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return ctypes.c_uint64.from_address(get(cap, b"dltensor_versioned") + 24).value
+
+
+def test_buffer_from_object_keeps_read_only(ctx):
+    """A read-only producer's memory stays read-only in the view's exports,
+    through a view of the view too; a writable one stays writable."""
+    b = ctx.new_buffer(64)
+
+    class Array:
+        def __init__(self, ro):
+            self.__cuda_array_interface__ = {"data": (b.handle, ro), "shape": (64,), "typestr": "|u1",
+                                             "version": 3, "stream": None}
+    ro, rw = ctx.buffer_from_object(Array(True)), ctx.buffer_from_object(Array(False))
+    assert ro.__cuda_array_interface__["data"] == (b.handle, True)
+    assert rw.__cuda_array_interface__["data"] == (b.handle, False)
+    assert _dlpack_flags(ro.__dlpack__(max_version=(1, 0))) & 1
+    assert not _dlpack_flags(rw.__dlpack__(max_version=(1, 0))) & 1
+    with pytest.raises(BufferError):
+        ro.__dlpack__()  # an unversioned tensor cannot carry the flag
+    again = ctx.buffer_from_object(ro)
+    assert again.__cuda_array_interface__["data"] == (b.handle, True)
+    assert ctx.buffer_from_object(rw).__cuda_array_interface__["data"][1] is False
+    pinned = cubuf.LegacyPinnedMemoryResource(0).allocate(64)
+    host = (ctypes.c_char * 64).from_address(pinned.handle)
+    assert ctx.buffer_from_object(memoryview(host).toreadonly()).__cuda_array_interface__["data"][1] is True
+    assert ctx.buffer_from_object(memoryview(host)).__cuda_array_interface__["data"][1] is False
+    with pytest.raises(ValueError):  # data[1] is read as a truth value
+        class Bad:
+            def __bool__(self):
+                raise ValueError("no truth")
+        ctx.buffer_from_object(type("B", (), {"__cuda_array_interface__": {
+            "data": (b.handle, Bad()), "shape": (1,), "typestr": "|u1", "version": 3}})())
+
+
 @pytest.mark.parametrize("direction", ["to_host", "from_host"])
 def test_host_copies_hold_the_buffer_while_they_copy(ctx, drv, direction):
     """copy_to_host and copy_from_host run without the GIL: meanwhile the buffer
