@@ -392,8 +392,16 @@ static void test_oom_foreign_per_thread(void)
     const size_t max = 64u << 20, big = 15u << 20, small = 7u << 20;
     cubuf_resource_t *pool = private_pool(max), *c = NULL;
     CUstream s = new_stream();
+    /* how many big blocks the pool holds (its granularity is the driver's) */
+    CUdeviceptr p[16] = {0};
+    int nbig = 0;
+    while (nbig < 16 && cubuf_resource_allocate_raw(pool, big, s, &p[nbig]) == CUBUF_SUCCESS) nbig++;
+    for (int i = 0; i < nbig; i++) T_OK(cubuf_resource_deallocate_raw(pool, p[i], big, s));
+    T_CU(cuStreamSynchronize, s);
+    T_OK(cubuf_resource_trim(pool, 0));
+    T_CHECK(nbig >= 2 && nbig < 16);
     T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
-    per_thread_fill_t f = {c, big, (int)(max / big), false};
+    per_thread_fill_t f = {c, big, nbig, false};
     pthread_t th;
     T_CHECK(pthread_create(&th, NULL, fill_per_thread, &f) == 0);
     pthread_join(th, NULL);
