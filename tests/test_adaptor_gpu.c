@@ -2,11 +2,13 @@
  * read back, the cap on real allocations, the failure callback freeing a
  * buffer of a full private pool so the retry succeeds, requested against
  * allocated bytes over virtual memory, driver faults through a stack, and
- * a recorded log (several threads and streams) replayed by `cubuf replay`. */
+ * a recorded log (several threads and streams) replayed by `cubuf replay`,
+ * and the logs it refuses. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "alloc_fault_test.h"
@@ -302,12 +304,13 @@ static void *work(void *arg)
     return NULL;
 }
 
-/* `cubuf replay LOG` on the device, its output echoed: whether a line
- * said `expect`, whether the per-operation rows came; returns its status. */
-static int replay(const char *path, const char *expect, bool *saw, bool *rows)
+/* `cubuf replay LOG --resource KIND` on the device, its output echoed:
+ * whether a line said `expect`, whether the per-operation rows came;
+ * returns its status. */
+static int replay_on(const char *path, const char *kind, const char *expect, bool *saw, bool *rows)
 {
     char cmd[512], line[256];
-    snprintf(cmd, sizeof cmd, "%s replay %s --resource device --rounds 1 2>&1", CUBUF_TOOL, path);
+    snprintf(cmd, sizeof cmd, "%s replay %s --resource %s --rounds 1 2>&1", CUBUF_TOOL, path, kind);
     FILE *pipe = popen(cmd, "r");
     while (pipe && fgets(line, sizeof line, pipe)) {
         fputs(line, stdout);
@@ -315,6 +318,11 @@ static int replay(const char *path, const char *expect, bool *saw, bool *rows)
         *rows |= strstr(line, "free     cubuf") != NULL && strstr(line, "ratio") != NULL;
     }
     return pipe ? pclose(pipe) : -1;
+}
+
+static int replay(const char *path, const char *expect, bool *saw, bool *rows)
+{
+    return replay_on(path, "device", expect, saw, rows);
 }
 
 static void test_log_replay(cubuf_resource_t *pool, CUcontext ctx)
@@ -363,6 +371,11 @@ static void test_log_replay(cubuf_resource_t *pool, CUcontext ctx)
     bool saw = false, rows = false;
     int rc = replay(path, expect, &saw, &rows);
     T_CHECK(rc == 0 && saw && rows);
+    /* Over the caching resource: its blocks cached on the replay's streams
+     * go back to the upstream before those streams are destroyed. */
+    saw = rows = false;
+    rc = replay_on(path, "caching", "cubuf warning", &saw, &rows);
+    T_CHECK(rc == 0 && !saw && rows);
     unlink(path);
 }
 
@@ -395,6 +408,53 @@ static void test_replay_versions(void)
     T_CHECK(rc == 0);
     T_CHECK(replay_says("# cubuf log 7: what,ever\n1,2,3\n", "log version 7", &rc));
     T_CHECK(rc != 0);
+    /* A pointer handed out again with no free logged between (here by a
+     * version 1 log's times, which order threads only roughly): the first
+     * allocation is freed too, before the second. */
+    T_CHECK(replay_says("# cubuf log 1: time_ns,thread,stream,operation,pointer,size,status\n"
+                        "100,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS\n"
+                        "200,8,(nil),allocate,0x2000,256,CUBUF_SUCCESS\n"
+                        "201,7,(nil),free,0x2000,256,CUBUF_SUCCESS\n",
+                        "4 events (2 allocations) on 2 thread(s) and 1 stream(s), 0 skipped", &rc));
+    T_CHECK(rc == 0);
+    /* A log with no event that succeeded replays nothing (under UBSan too). */
+    T_CHECK(replay_says("# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status\n"
+                        "0,5,7,(nil),allocate,0x0,256,CUBUF_ERROR_OUT_OF_MEMORY\n",
+                        "0 events (0 allocations) on 0 thread(s) and 0 stream(s), 1 skipped", &rc));
+    T_CHECK(rc == 0);
+}
+
+/* Lines the tool refuses (exit 2, naming the line) rather than replaying
+ * what it could make of them: a field after the status, text after it, a
+ * negative size, one past SIZE_MAX, and a line longer than the tool reads
+ * whose pieces would each read as a line; and a log that cannot be read. */
+static void test_replay_malformed(void)
+{
+    static const char head[] = "# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status\n";
+    static const char free_line[] = "1,5,7,(nil),free,0x2000,256,CUBUF_SUCCESS\n";
+    static const char *const bad[] = {
+        "0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS,CUBUF_SUCCESS\n",
+        "0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS trailing text\n",
+        "0,5,7,(nil),allocate,0x2000,-256,CUBUF_SUCCESS\n",
+        "0,5,7,(nil),allocate,0x2000,99999999999999999999999,CUBUF_SUCCESS\n",
+    };
+    char log[2048];
+    int rc = -1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(log, sizeof log, "%s%s%s", head, bad[i], free_line);
+        T_CHECK(replay_says(log, ":2: not a log line", &rc));
+        T_CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    }
+    snprintf(log, sizeof log, "%s0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS%*s%s", head, 600, "",
+             free_line);
+    T_CHECK(replay_says(log, ":2: a line longer than", &rc));
+    T_CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    char dir[] = "/tmp/cubuf_replay_d_XXXXXX";
+    T_CHECK(mkdtemp(dir) != NULL);
+    bool saw = false, rows = false;
+    rc = replay(dir, "the log cannot be read", &saw, &rows);
+    T_CHECK(saw && !rows && WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    rmdir(dir);
 }
 
 int main(void)
@@ -417,6 +477,7 @@ int main(void)
     test_faults(pool);
     test_log_replay(pool, cu);
     test_replay_versions();
+    test_replay_malformed();
     cubuf_resource_release(pool);
     T_CU(cuStreamDestroy, g_s);
     cubuf_context_destroy(ctx);

@@ -6,16 +6,19 @@
  * streams stay default streams), and each free frees what the matching
  * allocation returned (a free logged on another thread waits until that
  * allocation has been replayed). Failed events are skipped; allocations the
- * log never frees are freed at the end; frees of allocations made before
- * the log began are skipped. The raw side calls cuMemAllocFromPoolAsync
- * and cuMemFreeAsync on the device's default pool, loaded here from the
- * same libcuda cubuf uses; the rounds alternate (raw, cubuf, cubuf, raw,
- * ...) and the medians of the per-round means are printed with their ratio. */
+ * log never frees are freed at the end (or before their pointer is handed
+ * out again); frees of allocations made before the log began are skipped.
+ * The raw side calls cuMemAllocFromPoolAsync and cuMemFreeAsync on the
+ * device's default pool, loaded here from the same libcuda cubuf uses; the
+ * rounds alternate (raw, cubuf, cubuf, raw, ...) and the medians of the
+ * per-round means are printed with their ratio. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +91,7 @@ static void live_put(live_map_t *m, unsigned long long p, long ev)
 {
     size_t i = live_home(m, p);
     while (m->ptr[i] && m->ptr[i] != p) i = (i + 1) & m->mask;
-    m->ptr[i] = p; /* a pointer allocated twice without a free: the later one counts */
+    m->ptr[i] = p;
     m->ev[i] = ev;
 }
 
@@ -142,6 +145,11 @@ static int read_plan(const char *path, plan_t *p)
     int version = 2;
     while (fgets(line, sizeof line, f)) {
         lineno++;
+        if (!strchr(line, '\n') && !feof(f)) { /* the rest would read as lines of their own */
+            fprintf(stderr, "cubuf replay: %s:%ld: a line longer than %zu bytes\n", path, lineno,
+                    sizeof line - 2);
+            return fail_plan(f, lines, &m, p, "the log cannot be read");
+        }
         if (line[0] == '#') { /* "# cubuf log 1:" had no order field: its time orders it */
             if (sscanf(line, "# cubuf log %d:", &version) == 1 && version != 1 && version != 2) {
                 fprintf(stderr, "cubuf replay: %s:%ld: log version %d\n", path, lineno, version);
@@ -153,11 +161,17 @@ static int read_plan(const char *path, plan_t *p)
         line_ev_t e = {0, lineno, NULL, 0, 0, 0, false};
         char op[16], status[48];
         long long time = 0;
-        const int got = version == 1 ? sscanf(line, "%llu,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.order, &e.tid,
-                                              &e.stream, op, &e.ptr, &e.size, status) + 1
-                                     : sscanf(line, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%47s", &e.order,
-                                              &time, &e.tid, &e.stream, op, &e.ptr, &e.size, status);
-        if (got != 8 || (strcmp(op, "allocate") && strcmp(op, "free"))) {
+        int end = 0;
+        const int got = version == 1 ? sscanf(line, "%llu,%d,%p,%15[a-z],0x%llx,%zu,%47[A-Z0-9_]%n",
+                                              &e.order, &e.tid, &e.stream, op, &e.ptr, &e.size, status,
+                                              &end) + 1
+                                     : sscanf(line, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%47[A-Z0-9_]%n",
+                                              &e.order, &time, &e.tid, &e.stream, op, &e.ptr, &e.size, status,
+                                              &end);
+        /* Nothing may follow the status; %zu takes a negative size and
+         * stops an overflowing one at SIZE_MAX: neither was allocated. */
+        if (got != 8 || line[end + strspn(line + end, " \t\r\n")] || e.size > SIZE_MAX / 2 ||
+            (strcmp(op, "allocate") && strcmp(op, "free"))) {
             fprintf(stderr, "cubuf replay: %s:%ld: not a log line: %s", path, lineno, line);
             return fail_plan(f, lines, &m, p, "the log cannot be read");
         }
@@ -175,9 +189,13 @@ static int read_plan(const char *path, plan_t *p)
         }
         lines[n++] = e;
     }
+    if (ferror(f)) {
+        fprintf(stderr, "cubuf replay: %s:%ld: %s\n", path, lineno + 1, strerror(errno));
+        return fail_plan(f, lines, &m, p, "the log cannot be read");
+    }
     fclose(f);
     f = NULL;
-    qsort(lines, (size_t)n, sizeof *lines, by_order);
+    if (n) qsort(lines, (size_t)n, sizeof *lines, by_order); /* lines is NULL when none succeeded */
     size_t mcap = 64;
     while (mcap < 2 * (size_t)nalloc + 2) mcap *= 2;
     m.ptr = calloc(mcap, sizeof *m.ptr);
@@ -191,6 +209,10 @@ static int read_plan(const char *path, plan_t *p)
         long id = -1, at = -1;
         if (e->alloc) {
             id = p->nalloc++;
+            if ((at = live_take(&m, e->ptr)) >= 0) { /* handed out again, no free logged: freed first */
+                const event_t *a = &p->ev[at];
+                p->ev[p->nev++] = (event_t){a->thread, a->stream, false, a->size, a->id};
+            }
         } else if ((at = live_take(&m, e->ptr)) >= 0) {
             id = p->ev[at].id;
         } else { /* allocated before the log began */
@@ -327,15 +349,37 @@ static int replay_once(const plan_t *p, side_t side, const raw_driver_t *drv, CU
 {
     run_t r = {.plan = p, .side = side, .drv = drv, .streams = streams, .ctx = ctx};
     r.ptrs = calloc((size_t)p->nalloc + 1, sizeof *r.ptrs);
+    if (!r.ptrs) {
+        fprintf(stderr, "cubuf replay: out of host memory\n");
+        return 1;
+    }
     pthread_mutex_init(&r.lock, NULL);
     pthread_t th[256];
     worker_t w[256];
-    for (int i = 0; i < p->nthreads; i++) {
-        w[i] = (worker_t){&r, i};
-        pthread_create(&th[i], NULL, replay_thread, &w[i]);
+    int started = 0;
+    for (; started < p->nthreads; started++) {
+        w[started] = (worker_t){&r, started};
+        if (pthread_create(&th[started], NULL, replay_thread, &w[started]) != 0) {
+            fprintf(stderr, "cubuf replay: cannot start thread %d of %d\n", started + 1, p->nthreads);
+            atomic_store(&r.failed, 1); /* the started ones stop waiting for it */
+            break;
+        }
     }
-    for (int i = 0; i < p->nthreads; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.lock);
+    /* A failed round leaves what it allocated: freed here once the device
+     * is idle, on the stream it was allocated on. */
+    if (atomic_load(&r.failed)) drv->ctx_sync();
+    for (long i = 0; atomic_load(&r.failed) && i < p->nev; i++) {
+        const event_t *e = &p->ev[i];
+        CUdeviceptr d = e->alloc ? atomic_load(&r.ptrs[e->id]) : 0;
+        if (!d) continue;
+        if (r.side.res)
+            (void)cubuf_resource_deallocate_raw(r.side.res, d, e->size, streams[e->stream]);
+        else
+            (void)r.side.raw->free(d, streams[e->stream]);
+        atomic_store(&r.ptrs[e->id], 0);
+    }
     free(r.ptrs);
     for (int k = 0; k < 2; k++) mean[k] = r.n[k] ? r.ns[k] / (double)r.n[k] : 0;
     return atomic_load(&r.failed) ? 1 : 0;
@@ -353,6 +397,15 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static bool known_kind(const char *kind)
+{
+    static const char *const kinds[] = {"device", "private", "managed", "sync", "vmm", "caching"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(kind, kinds[i]) == 0) return true;
+    return false;
+}
+
+/* kind is one that known_kind accepts. */
 static cubuf_status_t make_resource(const char *kind, cubuf_resource_t **out)
 {
     if (strcmp(kind, "device") == 0) return cubuf_device_resource_create(0, NULL, out);
@@ -412,17 +465,25 @@ static void *load_driver(raw_driver_t *d)
     return lib;
 }
 
+/* The N of --rounds N, 1 to 99; 0 for anything else. */
+static int parse_rounds(const char *text)
+{
+    char *end = NULL;
+    const long v = strtol(text, &end, 10);
+    return end == text || *end || v < 1 || v > 99 ? 0 : (int)v;
+}
+
 int cubuf__replay(int argc, char **argv)
 {
     const char *path = NULL, *kind = "device";
     int rounds = 5;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--resource") == 0 && i + 1 < argc) kind = argv[++i];
-        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = parse_rounds(argv[++i]);
         else if (!path && argv[i][0] != '-') path = argv[i];
         else path = NULL, i = argc;
     }
-    if (!path || rounds < 1 || rounds > 99) {
+    if (!path || rounds < 1 || rounds > 99 || !known_kind(kind)) { /* before the device: a usage error */
         fprintf(stderr, "usage: cubuf replay LOG [--resource device|private|managed|sync|vmm|caching] "
                         "[--rounds N]\n");
         return 2;
@@ -434,16 +495,18 @@ int cubuf__replay(int argc, char **argv)
     cubuf_resource_t *res = NULL;
     cubuf_status_t st = cubuf_context_create(0, &ctx);
     if (st != CUBUF_SUCCESS) {
-        fprintf(stderr, "cubuf replay: no device: %s\n", cubuf_last_error());
+        fprintf(stderr, "cubuf replay: %s: %s\n",
+                st == CUBUF_ERROR_NO_DRIVER || st == CUBUF_ERROR_NO_DEVICE ? "no device"
+                                                                           : "cannot make device 0's context",
+                cubuf_last_error());
         free(p.ev);
-        return st == CUBUF_ERROR_NO_DRIVER ? 3 : 4;
+        return st == CUBUF_ERROR_NO_DRIVER ? 3 : st == CUBUF_ERROR_NO_DEVICE ? 4 : 1;
     }
     if ((st = make_resource(kind, &res)) != CUBUF_SUCCESS) {
-        fprintf(stderr, "cubuf replay: resource \"%s\": %s\n", kind,
-                st == CUBUF_ERROR_INVALID_ARGUMENT ? "unknown kind" : cubuf_last_error());
+        fprintf(stderr, "cubuf replay: resource \"%s\": %s\n", kind, cubuf_last_error());
         cubuf_context_destroy(ctx);
         free(p.ev);
-        return st == CUBUF_ERROR_INVALID_ARGUMENT ? 2 : 1;
+        return 1;
     }
     raw_driver_t drv;
     void *lib = load_driver(&drv);
@@ -493,11 +556,11 @@ int cubuf__replay(int argc, char **argv)
     }
     rc = 0;
 out:
+    cubuf_resource_release(res); /* first: a cache gives its blocks back on the streams they are on */
     for (int i = 0; i < created; i++)
         if (streams[i] && streams[i] != CU_STREAM_LEGACY && streams[i] != CU_STREAM_PER_THREAD)
             cubuf_stream_destroy(streams[i]);
     if (lib) dlclose(lib);
-    cubuf_resource_release(res);
     cubuf_context_destroy(ctx);
     free(p.ev);
     return rc;
