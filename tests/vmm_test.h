@@ -37,7 +37,10 @@ __attribute__((unused)) static unsigned char pattern_byte(size_t offset, unsigne
     return (unsigned char)(x >> 56);
 }
 
-/* Writes the pattern of logical offsets [base, base+n) at device address p. */
+/* Writes the pattern of logical offsets [base, base+n) at device address p,
+ * and waits for the writes: from pageable memory cuMemcpyHtoD returns once
+ * the data is staged, its DMA maybe still running, which a close ordered
+ * on another (non-blocking) stream does not wait for. */
 __attribute__((unused)) static void write_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
 {
     for (size_t done = 0; done < n;) {
@@ -46,6 +49,7 @@ __attribute__((unused)) static void write_pattern(CUdeviceptr p, size_t n, size_
         T_CU(cuMemcpyHtoD, p + done, g_host, k);
         done += k;
     }
+    T_CU(cuCtxSynchronize);
 }
 
 __attribute__((unused)) static bool check_pattern(CUdeviceptr p, size_t n, size_t base, unsigned seed)
