@@ -545,8 +545,9 @@ CUBUF_API cubuf_status_t cubuf_buffer_copy_to(const cubuf_buffer_t *src, cubuf_b
  * to its granularity: the buffer's size is then the rounded one), and the new buffer is stored
  * in *out (written only on success; the caller releases it). When src is
  * counted in a context's bytes_allocated the new buffer is counted there
- * too. Options are checked before anything is allocated; if the copy fails,
- * the new buffer is freed again (on `stream`).
+ * too. Options are checked before anything is allocated (their refusal of
+ * a capturing stream included); if the copy fails, the new buffer is freed
+ * again (on `stream`).
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL argument, or a source that no
  * resource owns: a view), CUBUF_ERROR_CLOSED, and what
  * cubuf_resource_allocate and cubuf_buffer_copy_from return.

@@ -69,11 +69,11 @@ static cubuf_status_t check_options(const cubuf_copy_options_t *options, CUstrea
 }
 
 /* A graph cannot hold the attributes, so options and capture do not mix.
- * Runs with the copy's context already current. */
-static cubuf_status_t refuse_capture_with_options(CUstream stream, const char *what)
+ * A default stream is ctx's (NULL: the current context's). */
+static cubuf_status_t refuse_capture_with_options(CUstream stream, CUcontext ctx, const char *what)
 {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    cubuf_status_t st = cubuf__stream_capture_status(stream, NULL, &cs);
+    cubuf_status_t st = cubuf__stream_capture_status(stream, ctx, &cs);
     if (st != CUBUF_SUCCESS) return st;
     if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
         return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT,
@@ -220,7 +220,7 @@ static cubuf_status_t copy_during_call(const cubuf_copy_t *copies, size_t count,
     size_t total = 0;
     for (size_t i = 0; i < count; i++)
         if (__builtin_add_overflow(total, copies[i].size, &total))
-            return cubuf__fail(CUBUF_ERROR_OUT_OF_RANGE, "%s: the copies' sizes overflow", what);
+            return cubuf__fail(CUBUF_ERROR_INVALID_ARGUMENT, "%s: the copies' sizes overflow", what);
     cubuf_copy_t *staged = cubuf__malloc(nonempty * sizeof *staged);
     if (!staged)
         return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %zu copy records", what,
@@ -355,7 +355,7 @@ static cubuf_status_t copy_with_options(const cubuf_copy_t *copies, size_t count
                                         CUstream stream, const cubuf_copy_options_t *o,
                                         const char *what, size_t *failed)
 {
-    cubuf_status_t st = refuse_capture_with_options(stream, what);
+    cubuf_status_t st = refuse_capture_with_options(stream, NULL, what);
     if (st != CUBUF_SUCCESS) return st;
     if (o->src_access_order == CUBUF_SRC_ACCESS_DURING_API_CALL)
         return copy_during_call(copies, count, nonempty, stream, o, what, failed);
@@ -470,9 +470,17 @@ cubuf_status_t cubuf_buffer_copy_to_new(const cubuf_buffer_t *src, CUstream stre
                            "%s: the source is a view that no memory resource owns; there is "
                            "nothing to allocate the copy from (use cubuf_buffer_copy_to with a "
                            "destination)", what);
-    /* Refuse bad options before allocating anything. */
-    cubuf_copy_options_t o;
-    if (options && (st = check_options(options, stream, what, &o)) != CUBUF_SUCCESS) return st;
+    /* Refuse bad options before allocating anything, a capturing stream
+     * too: an allocation there would reach the caller's capture. The copy
+     * runs in src's context (the new buffer's is its root's). */
+    if (options) {
+        cubuf_copy_options_t o;
+        if ((st = check_options(options, stream, what, &o)) != CUBUF_SUCCESS ||
+            (st = cubuf__driver_load()) != CUBUF_SUCCESS ||
+            (st = refuse_capture_with_options(stream, cubuf__buffer_exec_ctx(src), what)) !=
+                CUBUF_SUCCESS)
+            return st;
+    }
     cubuf_buffer_t *buf = NULL;
     if ((st = cubuf_resource_allocate(root->resource, src->size, stream, &buf)) != CUBUF_SUCCESS)
         return st;

@@ -30,10 +30,13 @@ static cubuf_status_t set_attr(CUmemoryPool pool, CUmemPool_attribute attr, int 
 
 static cubuf_status_t make_pool(CUdevice dev, CUmemoryPool *out)
 {
-    /* Drivers before 12.6 do not know the attribute at all. */
+    /* Drivers before 12.6 do not know the attribute at all
+     * (CUDA_ERROR_INVALID_VALUE); any other failure is the driver's. */
     int v = 0;
-    cubuf_status_t st = cubuf__device_attr(dev, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v);
-    if (st != CUBUF_SUCCESS || !v)
+    CUresult r = CU_CALL(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, dev);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE)
+        return cubuf__cu_status(r, "cuDeviceGetAttribute");
+    if (r != CUDA_SUCCESS || !v)
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                            "src_access_order DURING_API_CALL: device %d has no host memory pools "
                            "(or this driver cannot say), which cubuf reads the source into during "
@@ -42,6 +45,7 @@ static cubuf_status_t make_pool(CUdevice dev, CUmemoryPool *out)
      * context for the process, so that releasing the last cubuf context
      * cannot take the pool with it. */
     CUcontext primary = NULL;
+    cubuf_status_t st;
     if ((st = CU(cuDevicePrimaryCtxRetain, &primary, dev)) != CUBUF_SUCCESS) return st;
     CUmemPoolProps pp;
     memset(&pp, 0, sizeof pp);
@@ -62,7 +66,7 @@ static cubuf_status_t make_pool(CUdevice dev, CUmemoryPool *out)
     if (st == CUBUF_SUCCESS) st = set_attr(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, 0);
     if (st == CUBUF_SUCCESS) st = set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
     if (st != CUBUF_SUCCESS) {
-        CUresult r = CU_CALL(cuMemPoolDestroy, pool);
+        r = CU_CALL(cuMemPoolDestroy, pool);
         if (r != CUDA_SUCCESS) cubuf__warn(cubuf__cu_map(r), "cuMemPoolDestroy failed while unwinding");
         CU_CALL(cuDevicePrimaryCtxRelease, dev);
         return st;

@@ -514,6 +514,27 @@ static void test_copy_to_allocates(void)
     T_CHECK(device_has_pattern(dst, 50));
     T_CHECK(bytes_allocated() == base); /* user resources count nowhere */
     cubuf_buffer_release(dst);
+    /* Options on a capturing stream are refused before anything is
+     * allocated: the user's callbacks are not called (their cuMemAlloc would
+     * invalidate a global-mode capture), no pool allocation is made, and the
+     * capture goes on. */
+    CUstream cs = NULL;
+    T_CU(cuStreamCreate, &cs, CU_STREAM_NON_BLOCKING);
+    T_CU(cuStreamBeginCapture, cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    before = stats_of(cubuf_buffer_resource(src));
+    dst = NULL;
+    T_STATUS(cubuf_buffer_copy_to_new(usrc, cs, &o, &dst), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(dst == NULL && u.allocs == 2 && u.deallocs == 1);
+    T_STATUS(cubuf_buffer_copy_to_new(src, cs, &o, &dst), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(dst == NULL && stats_of(cubuf_buffer_resource(src)).total_allocations ==
+                               before.total_allocations);
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    T_CU(cuStreamIsCapturing, cs, &cap);
+    T_CHECK(cap == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUgraph graph = NULL;
+    T_CU(cuStreamEndCapture, cs, &graph);
+    if (graph) T_CU(cuGraphDestroy, graph);
+    T_CU(cuStreamDestroy, cs);
     cubuf_buffer_release(usrc);
     T_CHECK(u.deallocs == 2 && stats_of(res).current_bytes == 0);
 
@@ -611,6 +632,11 @@ static void test_batch(void)
     T_OK(cubuf_copy_batch(copies, count, s, &during, &failed));
     T_CHECK(device_has_pattern(dst, 60));
     cubuf__drv.cuMemcpyBatchAsync = saved;
+    /* DURING_API_CALL sizes that add up past SIZE_MAX: a bad argument (the
+     * header's status), the batch refused as a whole. */
+    const cubuf_copy_t huge[] = {{D, S, SIZE_MAX / 2 + 1}, {D + 8, S + 8, SIZE_MAX / 2 + 1}};
+    T_STATUS(cubuf_copy_batch(huge, 2, s, &during, &failed), CUBUF_ERROR_INVALID_ARGUMENT);
+    T_CHECK(failed == 2);
 
     /* Faults: the batch as a whole, and the second plain copy. */
     T_CHECK(cubuf_fault_fail_nth("cuMemcpyBatchAsync", 1, CUDA_ERROR_INVALID_VALUE));

@@ -216,6 +216,26 @@ static void check_faults(src_kind_t kind, CUstream s)
     source_free(&src);
 }
 
+/* Before the staging pool exists: a failing query of whether the device has
+ * host memory pools is a driver failure, with its CUresult, not a device
+ * without them; the next copy makes the pool. */
+static void check_pool_query_fault(CUstream s)
+{
+    cubuf_buffer_t *src = NULL, *dst = NULL;
+    T_REQUIRE(cubuf_context_new_buffer(cctx, 4 * KiB, &src));
+    T_REQUIRE(cubuf_context_new_buffer(cctx, 4 * KiB, &dst));
+    T_CU(cuCtxSynchronize);
+    cubuf_copy_options_t o = during();
+    T_CHECK(cubuf_fault_fail_nth("cuDeviceGetAttribute", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_buffer_copy_from(dst, src, s, &o), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_fault_fired() && cubuf_last_cuda_result() == CUDA_ERROR_UNKNOWN);
+    cubuf_fault_reset();
+    T_OK(cubuf_buffer_copy_from(dst, src, s, &o));
+    T_CU(cuStreamSynchronize, s);
+    cubuf_buffer_release(dst);
+    cubuf_buffer_release(src);
+}
+
 /* A batch whose k-th source read fails names that copy in *failed_index,
  * skipping the empty copies as the index does not. */
 static void check_batch_failed_index(CUstream s)
@@ -255,6 +275,7 @@ int main(void)
     T_CU(cuCtxSetCurrent, t_cu(cctx));
     CUstream s = NULL;
     T_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+    check_pool_query_fault(s); /* first: the pool is made once per process */
     const size_t sizes[] = {4 * KiB, 1 * MiB, 64 * MiB};
     for (int kind = 0; kind < SRC_KINDS; kind++)
         for (size_t i = 0; i < 3; i++) {
