@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dist.h"
+#include "inspect.h"
 
 cubuf_status_t cubuf_device_dist_caps(int ordinal, cubuf_dist_caps_t *caps)
 {
@@ -55,12 +56,21 @@ cubuf_status_t cubuf__span_enter(const cubuf_buffer_t *buf, const char *what, cu
     return cubuf__ctx_push(cubuf__buffer_exec_ctx(buf), guard);
 }
 
-/* The VMM resource behind buf (its root's), or NULL. */
-static const cubuf_resource_t *vmm_resource_of(const cubuf_buffer_t *buf)
+/* The VMM buffer whose memory buf's is, or NULL: its root, where a VMM
+ * resource made that; else, where the root's resource is a stack of
+ * adaptors and caching resources over a VMM resource (each handing on the
+ * pointer the one below gave it), the buffer the VMM resource keeps for
+ * that raw allocation. */
+static const cubuf_buffer_t *vmm_buffer_of(const cubuf_buffer_t *buf)
 {
     const cubuf_buffer_t *root = cubuf_buffer_parent(buf) ? cubuf_buffer_parent(buf) : buf;
-    const cubuf_resource_t *res = cubuf_buffer_resource(root);
-    return res && cubuf__vmm_granularity(res) ? res : NULL;
+    for (cubuf_resource_t *r = cubuf_buffer_resource(root); r;) {
+        if (cubuf__vmm_granularity(r))
+            return r == cubuf_buffer_resource(root) ? root : cubuf__raw_kept_buffer(r, root->ptr);
+        cubuf_resource_t *up = cubuf__caching_upstream(r);
+        r = up ? up : r->upstream; /* set for adaptors only */
+    }
+    return NULL;
 }
 
 cubuf_status_t cubuf__span_get(const cubuf_buffer_t *buf, const char *what, cubuf_span_t *span)
@@ -91,9 +101,10 @@ cubuf_status_t cubuf__span_get(const cubuf_buffer_t *buf, const char *what, cubu
     span->buffer_id = id;
     span->managed = managed != 0;
     span->from_pool = pool != NULL;
-    if (vmm_resource_of(buf)) {
+    const cubuf_buffer_t *vmm = vmm_buffer_of(buf);
+    if (vmm) {
         size_t first = 0;
-        cubuf_status_t st = cubuf__vmm_chunks(buf, &span->chunks, &span->nchunks, &first);
+        cubuf_status_t st = cubuf__vmm_chunks_at(vmm, ptr, size, &span->chunks, &span->nchunks, &first);
         if (st != CUBUF_SUCCESS) return st;
         const cubuf_vmm_chunk_t *last = &span->chunks[span->nchunks - 1];
         span->base = ptr - first;

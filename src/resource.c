@@ -432,6 +432,20 @@ static cubuf_status_t raw_keep_deallocate(cubuf_resource_t *res, CUdeviceptr ptr
     return CUBUF_SUCCESS;
 }
 
+cubuf_buffer_t *cubuf__raw_kept_buffer(cubuf_resource_t *res, CUdeviceptr ptr)
+{
+    if (!res->vt->raw_keeps_buffer) return NULL;
+    cubuf__resource_lock(res);
+    struct cubuf_raw_map *m = res->raw;
+    cubuf__resource_unlock(res);
+    if (!m) return NULL;
+    pthread_mutex_lock(&m->lock);
+    const cubuf_ptr_entry_t *e = cubuf__ptrmap_find(&m->map, ptr);
+    cubuf_buffer_t *buf = e ? e->a : NULL;
+    pthread_mutex_unlock(&m->lock);
+    return buf;
+}
+
 /* A raw_keeps_buffer resource's raw allocation, into rec: a buffer of its
  * own, counted by its own path wherever it sits in a stack. */
 static cubuf_status_t kept_allocate(cubuf_resource_t *res, cubuf_buffer_t *rec, bool in_ctx,

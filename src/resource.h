@@ -177,6 +177,12 @@ cubuf_status_t cubuf__resource_allocate(cubuf_resource_t *res, size_t size, CUst
  * statistics and the buffer's reference on the resource. On failure nothing
  * changed. */
 cubuf_status_t cubuf__resource_free_buffer(cubuf_resource_t *res, cubuf_buffer_t *buf);
+/* The buffer a raw_keeps_buffer resource keeps for its raw allocation at
+ * `ptr` (what it gave an adaptor or a caching resource above it), or NULL
+ * (another kind of resource, no such allocation). Valid while that
+ * allocation is live. */
+cubuf_buffer_t *cubuf__raw_kept_buffer(cubuf_resource_t *res, CUdeviceptr ptr);
+
 /* Takes over [ptr, ptr+size) for buf (cubuf_buffer_wrap): counted, held. */
 void cubuf__resource_adopt(cubuf_resource_t *res, cubuf_buffer_t *buf);
 

@@ -28,6 +28,12 @@ typedef struct cubuf_vmm_chunk {
 cubuf_status_t cubuf__vmm_chunks(const cubuf_buffer_t *buf, cubuf_vmm_chunk_t **chunks, size_t *count,
                                  size_t *first_offset);
 
+/* The same for [ptr, ptr+size), which must lie inside buf's memory
+ * (else CUBUF_ERROR_INVALID_ARGUMENT): what a buffer whose memory is buf's
+ * (an adaptor's, over buf's resource) lies on. */
+cubuf_status_t cubuf__vmm_chunks_at(const cubuf_buffer_t *buf, CUdeviceptr ptr, size_t size,
+                                    cubuf_vmm_chunk_t **chunks, size_t *count, size_t *first_offset);
+
 /* The handle type the resource's physical allocations are created with
  * (CU_MEM_HANDLE_TYPE_NONE for a resource that is not a VMM resource). */
 CUmemAllocationHandleType cubuf__vmm_handle_type(const cubuf_resource_t *res);

@@ -262,13 +262,24 @@ static cubuf_status_t root_of(const cubuf_buffer_t *buf, const cubuf_buffer_t **
 cubuf_status_t cubuf__vmm_chunks(const cubuf_buffer_t *buf, cubuf_vmm_chunk_t **chunks, size_t *count,
                                  size_t *first_offset)
 {
+    CHECK_ARG(buf, "cubuf__vmm_chunks: buf is NULL");
+    return cubuf__vmm_chunks_at(buf, buf->ptr, buf->size, chunks, count, first_offset);
+}
+
+cubuf_status_t cubuf__vmm_chunks_at(const cubuf_buffer_t *buf, CUdeviceptr ptr, size_t size,
+                                    cubuf_vmm_chunk_t **chunks, size_t *count, size_t *first_offset)
+{
     static const char what[] = "cubuf__vmm_chunks";
     CHECK_ARG(chunks && count && first_offset, "%s: NULL argument", what);
     const cubuf_buffer_t *root = NULL;
     cubuf_status_t st = root_of(buf, &root, what);
     if (st != CUBUF_SUCCESS) return st;
+    CHECK_ARG(ptr >= root->ptr && ptr - root->ptr <= root->size &&
+                  size <= root->size - (size_t)(ptr - root->ptr),
+              "%s: [0x%llx, +%zu) is not inside the buffer's memory", what, (unsigned long long)ptr,
+              size);
     const vmm_member_t *m = root->impl;
-    if (!m || buf->size == 0) {
+    if (!m || size == 0) {
         *chunks = NULL;
         *count = 0;
         *first_offset = 0;
@@ -276,7 +287,7 @@ cubuf_status_t cubuf__vmm_chunks(const cubuf_buffer_t *buf, cubuf_vmm_chunk_t **
     }
     pthread_mutex_lock(&m->range->lock);
     const vmm_space_t *s = m->space;
-    size_t off = (size_t)(buf->ptr - root->ptr), end = off + buf->size;
+    size_t off = (size_t)(ptr - root->ptr), end = off + size;
     /* First mapping that ends after `off`, by bisection over the prefix. */
     size_t lo = 0, hi = m->count;
     while (lo < hi) {

@@ -154,6 +154,24 @@ static void virtual_memory(void)
     cubuf_buffer_release(grown);
     cubuf_buffer_release(one);
     cubuf_resource_release(res);
+
+    /* Pinned host memory of virtual memory: not a documented kind, also
+     * through an adaptor (refused as virtual memory, before any driver or
+     * device capability is asked). */
+    cubuf_vmm_options_t ho = CUBUF_VMM_OPTIONS_INIT;
+    ho.location = CUBUF_VMM_LOCATION_HOST;
+    cubuf_resource_t *stats = NULL;
+    T_REQUIRE(cubuf_vmm_resource_create(0, &ho, &res));
+    T_REQUIRE(cubuf_statistics_adaptor_create(res, &stats));
+    cubuf_resource_t *from[2] = {res, stats};
+    for (int k = 0; k < 2; k++) {
+        T_REQUIRE(cubuf_resource_allocate(from[k], gran, CU_STREAM_LEGACY, &one));
+        check_export(k ? "host vmm through an adaptor" : "host vmm", one, false, 0, 0);
+        T_CHECK(strstr(cubuf_last_error(), "virtual memory resource") != NULL);
+        cubuf_buffer_release(one);
+    }
+    cubuf_resource_release(stats);
+    cubuf_resource_release(res);
 }
 
 static void pcie_mapping(void)

@@ -4,6 +4,7 @@
  * grow in place keeps the base; RDMA capability where the device has it;
  * the errors. */
 #include "dist_test.h"
+#include "cubuf/caching.h"
 
 static cubuf_memory_info_t info_of(const cubuf_buffer_t *buf)
 {
@@ -115,6 +116,33 @@ static void virtual_memory(const cubuf_dist_caps_t *caps)
         T_CHECK(physical(one, 0).gpu_direct_rdma);
     }
     cubuf_buffer_release(one);
+    /* The same memory through a statistics adaptor, and a caching resource
+     * over that: virtual memory still, described by its physical allocation
+     * (the creation properties), not by the pointer attributes. */
+    cubuf_resource_t *stats = NULL, *cache = NULL;
+    T_REQUIRE(cubuf_statistics_adaptor_create(res, &stats));
+    T_REQUIRE(cubuf_caching_resource_create(stats, NULL, &cache));
+    cubuf_resource_t *over[2] = {stats, cache};
+    cubuf_context_t *ctx = NULL; /* the caching resource's default stream is the current context's */
+    T_REQUIRE(cubuf_context_create(0, &ctx));
+    T_CU(cuCtxSetCurrent, t_cu(ctx));
+    for (int k = 0; k < 2; k++) {
+        T_REQUIRE(cubuf_resource_allocate(over[k], gran / 2, CU_STREAM_LEGACY, &one));
+        m = info_of(one);
+        T_CHECK(m.base == cubuf_buffer_ptr(one) && m.extent == gran && m.offset == 0);
+        T_CHECK(m.allocation_count == 1 && m.handle_types == 0);
+        T_CHECK(physical(one, 0).handle_types == 0);
+        if (caps->gpu_direct_rdma_vmm) T_CHECK(m.gpu_direct_rdma);
+        T_REQUIRE(cubuf_buffer_slice(one, 4096, 4096, &slice));
+        m = info_of(slice);
+        T_CHECK(m.base == cubuf_buffer_ptr(one) && m.offset == 4096 && m.handle_types == 0);
+        cubuf_buffer_release(slice);
+        cubuf_buffer_release(one);
+    }
+    cubuf_resource_release(cache);
+    cubuf_resource_release(stats);
+    T_CU(cuCtxSetCurrent, NULL);
+    cubuf_context_destroy(ctx);
     cubuf_resource_release(res);
 }
 

@@ -100,7 +100,8 @@ typedef struct cubuf_dmabuf {
  *    down and its end rounded up to the host page size, as NCCL, UCX and
  *    libfabric do. For a small pool allocation that span can cover bytes of
  *    the neighbouring allocations of the same pool;
- *  - virtual memory (<cubuf/vmm.h>), slices included: the buffer's own
+ *  - virtual memory (<cubuf/vmm.h>), slices included, and buffers of
+ *    adaptors and caching resources over a VMM resource: the buffer's own
  *    mapping of every physical allocation it overlaps, as one dma-buf over
  *    the whole range (the driver accepts a range of several physical
  *    allocations, measured with two on the H200, driver 580). After a grow,
@@ -232,11 +233,12 @@ CUBUF_API cubuf_status_t cubuf_buffer_physical_allocation(const cubuf_buffer_t *
 
 /**
  * Whether `res` was asked for fabric handles (cubuf_vmm_options_t::handle_type
- * FABRIC or POSIX_FD_FABRIC) and, because the device or the driver refused
- * them (no multi-node NVLink, no IMEX channel), makes its memory with POSIX
- * fd handles instead: *fell_back true. false for every resource that got
- * what it asked for, and for resources that cannot ask (pools so far,
- * cuMemAlloc, managed, user resources). Costs no driver call.
+ * FABRIC or POSIX_FD_FABRIC; a private pool's
+ * cubuf_device_resource_options_t::fabric) and, because the device or the
+ * driver refused them (no multi-node NVLink, no IMEX channel), makes its
+ * memory with POSIX fd handles instead: *fell_back true. false for every
+ * resource that got what it asked for, and for resources that cannot ask
+ * (cuMemAlloc, managed, user resources, adaptors). Costs no driver call.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for NULL.
  */
 CUBUF_API cubuf_status_t cubuf_resource_fabric_fallback(const cubuf_resource_t *res, bool *fell_back);
