@@ -584,10 +584,14 @@ CUresult td_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, v
     return r;
 }
 
+/* Potentially unsafe during capture: the H200 (driver 580) refuses it with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while another thread's stream
+ * captures in global mode, and invalidates that capture. */
 CUresult td_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
+    if ((r = td_capture_unsafe_call()) != CUDA_SUCCESS) return r;
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     r = CUDA_SUCCESS;
