@@ -384,20 +384,26 @@ cubuf_status_t cubuf__device_pool_make(cubuf_context_t *ctx,
         owned = true;
     } else {
         CHECK(CU(cuDeviceGetDefaultMemPool, &pool, ctx->device));
-        /* The pool is shared with every other user in the process (the
-         * runtime's cudaMallocAsync, frameworks' allocators): its threshold
-         * changes only when asked. Last driver call: a failure before it
-         * leaves the shared pool as it was. */
-        if (o.release_threshold != CUBUF_RELEASE_THRESHOLD_DEFAULT)
-            CHECK(set_threshold(pool, threshold_of(o.release_threshold)));
     }
     cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
     props.device_id = ordinal;
     props.device_accessible = true;
     props.ipc_enabled = o.ipc_enabled || fell_back;
-    CHECK(wrap_pool(owned ? &owned_pool_vtbl : &default_pool_vtbl, ctx, pool, &props, out));
-    (*out)->fabric_fallback = fell_back;
+    cubuf_resource_t *res = NULL;
+    CHECK(wrap_pool(owned ? &owned_pool_vtbl : &default_pool_vtbl, ctx, pool, &props, &res));
+    /* The default pool is shared with every other user in the process (the
+     * runtime's cudaMallocAsync, frameworks' allocators): its threshold
+     * changes only when asked, and last: a failure before it (the
+     * resource's own allocation included) leaves the shared pool as it was. */
+    if (!owned && o.release_threshold != CUBUF_RELEASE_THRESHOLD_DEFAULT &&
+        (st = set_threshold(pool, threshold_of(o.release_threshold))) != CUBUF_SUCCESS) {
+        cubuf__ctx_pop(&g);
+        cubuf_resource_release(res); /* and with it ctx */
+        return st;
+    }
+    res->fabric_fallback = fell_back;
     cubuf__ctx_pop(&g);
+    *out = res;
     return CUBUF_SUCCESS;
 fail:
     if (owned) destroy_pool(pool);

@@ -220,6 +220,27 @@ static void default_threshold_untouched(void)
     T_OK(cubuf_resource_set_release_threshold(r, (size_t)theirs));
     T_CHECK(threshold(dp) == theirs);
     cubuf_resource_release(r);
+    /* A create that asks for a threshold and fails (each driver call, then
+     * each host allocation, in turn) leaves the shared pool's as it was. */
+    o.release_threshold = 7 * MiB;
+    for (int alloc = 0; alloc < 2; alloc++)
+    for (unsigned n = 1; n < 50; n++) {
+        r = NULL;
+        if (alloc) t_fail_alloc_nth(n);
+        else cubuf_fault_fail_any_nth(n, CUDA_ERROR_UNKNOWN);
+        cubuf_status_t st = cubuf_device_resource_create(0, &o, &r);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        if (!fired) {
+            T_OK(st);
+            T_CHECK(threshold(dp) == 7 * MiB);
+            cubuf_resource_release(r);
+            T_CU(cuMemPoolSetAttribute, dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &theirs);
+            break;
+        }
+        T_CHECK(st != CUBUF_SUCCESS && (!alloc || st == CUBUF_ERROR_OUT_OF_MEMORY));
+        T_CHECK(r == NULL && threshold(dp) == theirs);
+    }
     /* the driver's default again for the tests below */
     cuuint64_t zero = 0;
     T_CU(cuMemPoolSetAttribute, dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
