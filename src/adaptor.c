@@ -30,6 +30,10 @@ const char cubuf__adaptor_no_adopt[] =
     "an adaptor frees through its upstream's raw-pointer interface, which takes back only what "
     "was allocated through it (allocate from the adaptor instead)";
 
+const char cubuf__adaptor_no_export[] =
+    "an adaptor's buffers are not shared (its counts, cap or log could not follow the memory "
+    "into another process): share a buffer allocated from the upstream resource itself";
+
 static _Thread_local int32_t tls_tid;
 static pthread_once_t tid_once = PTHREAD_ONCE_INIT;
 
@@ -67,6 +71,7 @@ static void stats_destroy(cubuf_resource_t *res)
 static const cubuf_resource_vtbl_t stats_vtbl = {
     .name = "statistics adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
+    .no_export = cubuf__adaptor_no_export,
     .allocate = cubuf__adaptor_up_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = stats_destroy,
@@ -185,6 +190,7 @@ cubuf_status_t cubuf_statistics_pop(cubuf_resource_t *res, cubuf_statistics_t *p
 static const cubuf_resource_vtbl_t limit_vtbl = {
     .name = "limiting adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
+    .no_export = cubuf__adaptor_no_export,
     .allocate = cubuf__adaptor_up_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,
     .destroy = cubuf__adaptor_destroy,
@@ -237,6 +243,7 @@ static cubuf_status_t failure_allocate(cubuf_resource_t *res, cubuf_buffer_t *bu
 static const cubuf_resource_vtbl_t failure_vtbl = {
     .name = "failure-callback adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
+    .no_export = cubuf__adaptor_no_export,
     .passes_stats = true,
     .allocate = failure_allocate,
     .deallocate = cubuf__adaptor_up_deallocate,

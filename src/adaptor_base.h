@@ -7,6 +7,7 @@
 
 /* Why cubuf_buffer_wrap refuses every adaptor (vtbl no_adopt). */
 extern const char cubuf__adaptor_no_adopt[];
+extern const char cubuf__adaptor_no_export[];
 
 /* A new adaptor resource over `up` (retained in res->upstream), with up's
  * properties, context and lock, and `impl_size` zeroed bytes of state (0:

@@ -604,6 +604,7 @@ static void log_destroy(cubuf_resource_t *res)
 static const cubuf_resource_vtbl_t log_vtbl = {
     .name = "logging adaptor",
     .no_adopt = cubuf__adaptor_no_adopt,
+    .no_export = cubuf__adaptor_no_export,
     .passes_stats = true,
     .allocate = log_allocate,
     .deallocate = log_deallocate,

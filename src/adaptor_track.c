@@ -154,6 +154,7 @@ static const cubuf_resource_vtbl_t track_vtbl = {
     .deallocate = track_deallocate,
     .destroy = track_destroy,
     .no_adopt = cubuf__adaptor_no_adopt,
+    .no_export = cubuf__adaptor_no_export,
 };
 
 cubuf_status_t cubuf_tracking_adaptor_create(cubuf_resource_t *upstream, bool backtraces,

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "alloc_fault_test.h"
+#include "cubuf/ipc.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -457,6 +458,36 @@ static void test_replay_malformed(void)
     rmdir(dir);
 }
 
+/* An adaptor's buffers are not shared, even over a pool whose own are: the
+ * detail says so and what to share instead; no fd is opened. */
+static void test_not_shared(void)
+{
+    cubuf_device_resource_options_t o = CUBUF_DEVICE_RESOURCE_OPTIONS_INIT;
+    o.private_pool = true;
+    o.ipc_enabled = true;
+    cubuf_resource_t *pool = NULL, *stats = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, &o, &pool));
+    T_REQUIRE(cubuf_statistics_adaptor_create(pool, &stats));
+    cubuf_buffer_t *own = NULL, *through = NULL;
+    T_REQUIRE(cubuf_resource_allocate(pool, 4096, g_s, &own));
+    T_REQUIRE(cubuf_resource_allocate(stats, 4096, g_s, &through));
+    cubuf_ipc_descriptor_t *d = NULL;
+    T_OK(cubuf_buffer_ipc_descriptor(own, &d)); /* the pool's own: shared */
+    cubuf_ipc_descriptor_destroy(d);
+    d = NULL;
+    t_held_t before = t_held();
+    T_STATUS(cubuf_buffer_ipc_descriptor(through, &d), CUBUF_ERROR_NOT_SUPPORTED);
+    T_CHECK(d == NULL && strstr(cubuf_last_error(), "statistics adaptor") &&
+            strstr(cubuf_last_error(), "share a buffer allocated from the upstream resource itself"));
+    T_HELD_BACK(before, "a refused export");
+    T_OK(cubuf_buffer_close(through));
+    T_OK(cubuf_buffer_close(own));
+    cubuf_buffer_release(through);
+    cubuf_buffer_release(own);
+    cubuf_resource_release(stats);
+    cubuf_resource_release(pool);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -472,6 +503,7 @@ int main(void)
     T_REQUIRE(cubuf_device_resource_create(0, NULL, &pool));
     test_stack_bytes(pool);
     test_pool_figures_through(pool);
+    test_not_shared();
     test_failure_retry();
     test_vmm_raw();
     test_faults(pool);

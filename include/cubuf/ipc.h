@@ -175,7 +175,9 @@ typedef enum cubuf_ipc_mechanism {
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, or a buffer of size 0),
  * CUBUF_ERROR_CLOSED (the buffer or its root is closed),
  * CUBUF_ERROR_NOT_SUPPORTED (a view, an imported buffer, a resource that is
- * not IPC-enabled or of a kind that cannot share, a VMM buffer of more than
+ * not IPC-enabled or of a kind that cannot share: a user resource, the
+ * caching resource, an adaptor even over a pool that can, whose detail
+ * says to share a buffer of the upstream itself; a VMM buffer of more than
  * CUBUF_IPC_MAX_CHUNKS physical allocations), CUBUF_ERROR_SYSTEM (no random
  * bytes for the pool identity), CUBUF_ERROR_OUT_OF_MEMORY, CUBUF_ERROR_DRIVER.
  * Thread-safe; must not race with close of the buffer.
