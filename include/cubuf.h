@@ -431,7 +431,7 @@ CUBUF_API cubuf_status_t cubuf_buffer_set_deallocation_stream(cubuf_buffer_t *bu
 /** Attributes. They never fail; a NULL buffer reads as closed (0, false, -1, NULL). */
 CUBUF_API CUdeviceptr cubuf_buffer_ptr(const cubuf_buffer_t *buf);       /**< 0 after close */
 CUBUF_API size_t cubuf_buffer_size(const cubuf_buffer_t *buf);           /**< 0 after close */
-CUBUF_API int cubuf_buffer_device_id(const cubuf_buffer_t *buf);         /**< -1: bound to no device */
+CUBUF_API int cubuf_buffer_device_id(const cubuf_buffer_t *buf);         /**< -1: no device; kept after close */
 CUBUF_API bool cubuf_buffer_is_closed(const cubuf_buffer_t *buf);
 CUBUF_API bool cubuf_buffer_is_device_accessible(const cubuf_buffer_t *buf);
 CUBUF_API bool cubuf_buffer_is_host_accessible(const cubuf_buffer_t *buf);
