@@ -9,7 +9,16 @@
  * program built before it:
  *  - inputs: the caller's first min(struct_size, sizeof) bytes are read over
  *    the defaults; bytes past what this library knows are ignored;
- *  - outputs: only the first min(struct_size, sizeof) bytes are written. */
+ *  - outputs: only the first min(struct_size, sizeof) bytes are written.
+ * Growing a struct: a new field of an input struct starts at or after the
+ * previous layout's sizeof, never in its tail padding (add explicit padding
+ * members first). A caller built today sends struct_size = sizeof, and
+ * compilers leave garbage in the padding of an _INIT-initialized struct
+ * (gcc -O2 sends 0xff there in cubuf_copy_options_t): a field placed there
+ * would be read from that garbage. Eight structs end in padding today
+ * (copy, VMM, IPC receive, DLPack, dma-buf and caching options as inputs;
+ * IPC descriptor info and physical allocation info as outputs, which are
+ * unaffected). */
 #ifndef CUBUF_ABI_H
 #define CUBUF_ABI_H
 

@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include "abi_test.h"
+#include "cubuf/adaptor.h"
+#include "cubuf/caching.h"
+#include "cubuf/dist.h"
+#include "cubuf/dlpack.h"
 #include "../fuzz/ipc_seeds.h"
 
 /* ---- a user resource ------------------------------------------------------- */
@@ -178,6 +182,154 @@ static void test_ipc(void)
     close(sv[1]);
 }
 
+/* ---- adaptors, the caching resource, DLPack and dist.h over host memory ---- */
+
+static cubuf_resource_t *host_res; /* a user resource of host memory: no driver needed */
+
+static cubuf_status_t caching_create(const cubuf_caching_options_t *o)
+{
+    cubuf_resource_t *res = NULL;
+    cubuf_status_t st = cubuf_caching_resource_create(host_res, o, &res);
+    cubuf_resource_release(res);
+    return st;
+}
+
+static void log_line(void *user, const char *line) { (void)user, (void)line; }
+
+static cubuf_status_t log_create(const cubuf_log_options_t *o)
+{
+    cubuf_resource_t *res = NULL;
+    cubuf_status_t st = cubuf_log_adaptor_create(host_res, o, &res);
+    cubuf_resource_release(res);
+    return st;
+}
+
+/* A scope pushed and popped into *o (closed again when the pop is refused). */
+static cubuf_status_t scope_pop(cubuf_resource_t *stats, cubuf_statistics_t *o)
+{
+    T_OK(cubuf_statistics_push(stats));
+    cubuf_status_t st = cubuf_statistics_pop(stats, o);
+    if (st != CUBUF_SUCCESS) T_OK(cubuf_statistics_pop(stats, NULL));
+    return st;
+}
+
+static cubuf_status_t dlpack_export(cubuf_buffer_t *buf, const cubuf_dlpack_options_t *o)
+{
+    DLManagedTensorVersioned *t = NULL;
+    cubuf_status_t st = cubuf_buffer_to_dlpack(buf, o, &t);
+    if (t) t->deleter(t);
+    return st;
+}
+
+static bool same_caching_stats(const cubuf_caching_stats_t *a, const cubuf_caching_stats_t *b)
+{
+    return a->live_bytes == b->live_bytes && a->requested_bytes == b->requested_bytes &&
+           a->held_bytes == b->held_bytes && a->live_count == b->live_count &&
+           a->misses == b->misses && a->upstream_allocations == b->upstream_allocations &&
+           a->oom_retries == b->oom_retries;
+}
+
+static bool same_statistics(const cubuf_statistics_t *a, const cubuf_statistics_t *b)
+{
+    return a->current_bytes == b->current_bytes && a->peak_bytes == b->peak_bytes &&
+           a->current_count == b->current_count && a->current_requested == b->current_requested &&
+           a->total_bytes == b->total_bytes && a->total_count == b->total_count &&
+           a->total_requested == b->total_requested;
+}
+
+static bool same_resource_stats(const cubuf_resource_stats_t *a, const cubuf_resource_stats_t *b)
+{
+    return a->current_bytes == b->current_bytes && a->peak_bytes == b->peak_bytes &&
+           a->current_count == b->current_count && a->peak_count == b->peak_count &&
+           a->total_allocations == b->total_allocations;
+}
+
+static void test_adaptors_and_caching(void)
+{
+    cubuf_resource_props_t p = CUBUF_RESOURCE_PROPS_INIT;
+    p.host_accessible = true;
+    T_REQUIRE(make_user(&p, &host_res));
+
+    cubuf_caching_options_t co = CUBUF_CACHING_OPTIONS_INIT;
+    co.cross_stream = false; /* the last field of version 1 */
+    INPUTS(cubuf_caching_options_t, co, CUBUF_CACHING_OPTIONS_SIZE_V1, caching_create(o_),
+           CUBUF_SUCCESS);
+    cubuf_resource_t *cache = NULL;
+    cubuf_buffer_t *buf = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(host_res, NULL, &cache));
+    T_REQUIRE(cubuf_resource_allocate(cache, 100, k_stream, &buf));
+    cubuf_caching_stats_t cfull = CUBUF_CACHING_STATS_INIT;
+    T_OK(cubuf_caching_stats(cache, &cfull));
+    T_CHECK(cfull.live_count == 1 && cfull.requested_bytes == 100);
+    OUTPUTS(cubuf_caching_stats_t, CUBUF_CACHING_STATS_SIZE_V1, cubuf_caching_stats(cache, o_),
+            same_caching_stats, cfull);
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(cache);
+
+    cubuf_log_options_t lo = CUBUF_LOG_OPTIONS_INIT;
+    lo.callback = log_line;
+    INPUTS(cubuf_log_options_t, lo, CUBUF_LOG_OPTIONS_SIZE_V1, log_create(o_), CUBUF_SUCCESS);
+
+    cubuf_resource_t *stats = NULL;
+    T_REQUIRE(cubuf_statistics_adaptor_create(host_res, &stats));
+    T_REQUIRE(cubuf_resource_allocate(stats, 100, k_stream, &buf));
+    cubuf_statistics_t sfull = CUBUF_STATISTICS_INIT;
+    T_OK(cubuf_statistics_get(stats, &sfull));
+    T_CHECK(sfull.current_requested == 100 && sfull.total_count == 1);
+    OUTPUTS(cubuf_statistics_t, CUBUF_STATISTICS_SIZE_V1, cubuf_statistics_get(stats, o_),
+            same_statistics, sfull);
+    cubuf_statistics_t pfull = CUBUF_STATISTICS_INIT;
+    T_OK(scope_pop(stats, &pfull));
+    OUTPUTS(cubuf_statistics_t, CUBUF_STATISTICS_SIZE_V1, scope_pop(stats, o_), same_statistics,
+            pfull);
+    cubuf_resource_stats_t rfull = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(stats, &rfull));
+    T_CHECK(rfull.current_count == 1 && rfull.total_allocations == 1);
+    OUTPUTS(cubuf_resource_stats_t, CUBUF_RESOURCE_STATS_SIZE_V1, cubuf_resource_stats(stats, o_),
+            same_resource_stats, rfull);
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(stats);
+
+    /* DLPack options: read_only, the last field of version 1, is honoured. */
+    T_REQUIRE(cubuf_resource_allocate(host_res, 64, k_stream, &buf));
+    cubuf_dlpack_options_t dl = CUBUF_DLPACK_OPTIONS_INIT;
+    dl.read_only = true;
+    INPUTS(cubuf_dlpack_options_t, dl, CUBUF_DLPACK_OPTIONS_SIZE_V1, dlpack_export(buf, o_),
+           CUBUF_SUCCESS);
+    DLManagedTensor *t = NULL;
+    const cubuf_dlpack_options_t *o = input(&dl, sizeof dl, CUBUF_DLPACK_OPTIONS_SIZE_V1);
+    T_STATUS(cubuf_buffer_to_dlpack_unversioned(buf, o, &t), CUBUF_ERROR_NOT_SUPPORTED);
+    T_CHECK(t == NULL);
+
+    /* dist.h: the structs are checked before the driver is needed. */
+    cubuf_dmabuf_options_t dmo = CUBUF_DMABUF_OPTIONS_INIT;
+    cubuf_dmabuf_t dmabuf = CUBUF_DMABUF_INIT;
+    INPUTS(cubuf_dmabuf_options_t, dmo, CUBUF_DMABUF_OPTIONS_SIZE_V1,
+           cubuf_buffer_export_dmabuf(buf, o_, &dmabuf), CUBUF_ERROR_NO_DRIVER);
+    T_CHECK(dmabuf.fd == -1);
+#define DIST_OUTPUT(type, v1, call)                                                      \
+    do {                                                                                 \
+        type *o_ = output(v1);                                                           \
+        T_STATUS(call, CUBUF_ERROR_NO_DRIVER);                                           \
+        o_ = output((v1) - 1);                                                           \
+        T_STATUS(call, CUBUF_ERROR_INVALID_ARGUMENT);                                    \
+        T_CHECK(detail_names(#type, (v1) - 1, (v1)));                                    \
+        o_ = output(0);                                                                  \
+        T_STATUS(call, CUBUF_ERROR_INVALID_ARGUMENT);                                    \
+        o_ = output(SIZE_MAX);                                                           \
+        T_STATUS(call, CUBUF_ERROR_NO_DRIVER);                                           \
+        T_CHECK(untouched_from(sizeof(size_t)));                                         \
+    } while (0)
+    DIST_OUTPUT(cubuf_dmabuf_t, CUBUF_DMABUF_SIZE_V1, cubuf_buffer_export_dmabuf(buf, NULL, o_));
+    DIST_OUTPUT(cubuf_memory_info_t, CUBUF_MEMORY_INFO_SIZE_V1, cubuf_buffer_memory_info(buf, o_));
+    DIST_OUTPUT(cubuf_physical_info_t, CUBUF_PHYSICAL_INFO_SIZE_V1,
+                cubuf_buffer_physical_allocation(buf, 0, o_));
+    DIST_OUTPUT(cubuf_dist_caps_t, CUBUF_DIST_CAPS_SIZE_V1, cubuf_device_dist_caps(0, o_));
+#undef DIST_OUTPUT
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(host_res);
+}
+
 int main(void)
 {
     setenv("CUBUF_LIBCUDA", "/nonexistent/libcuda-for-cubuf-test_abi.so.1", 1);
@@ -186,5 +338,6 @@ int main(void)
     test_resource_ops();
     test_driver_options();
     test_ipc();
+    test_adaptors_and_caching();
     return t_finish("test_abi");
 }

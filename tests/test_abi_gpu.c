@@ -2,10 +2,12 @@
  * work on the GPU (test_abi.c checks the sizes without one): device info
  * and VMM options written only up to struct_size, with the values a
  * full-size struct gets; a VMM resource, a grow and a copy made with
- * version-1 options ending at an inaccessible page. */
+ * version-1 options ending at an inaccessible page; the dist.h queries and
+ * a pool's usage written only up to struct_size. */
 #include <stdint.h>
 
 #include "abi_test.h"
+#include "cubuf/dist.h"
 
 static bool same_info(const cubuf_device_info_t *a, const cubuf_device_info_t *b)
 {
@@ -107,6 +109,56 @@ static void test_copy(void)
     cubuf_context_destroy(ctx);
 }
 
+static bool same_caps(const cubuf_dist_caps_t *a, const cubuf_dist_caps_t *b)
+{
+    return a->dmabuf == b->dmabuf && a->dmabuf_host_alloc == b->dmabuf_host_alloc &&
+           a->gpu_direct_rdma == b->gpu_direct_rdma &&
+           a->gpu_direct_rdma_vmm == b->gpu_direct_rdma_vmm &&
+           a->fabric_handles == b->fabric_handles;
+}
+
+static bool same_memory(const cubuf_memory_info_t *a, const cubuf_memory_info_t *b)
+{
+    return a->base == b->base && a->extent == b->extent && a->offset == b->offset &&
+           a->handle_types == b->handle_types && a->gpu_direct_rdma == b->gpu_direct_rdma &&
+           a->allocation_count == b->allocation_count && a->buffer_id == b->buffer_id;
+}
+
+static bool same_physical(const cubuf_physical_info_t *a, const cubuf_physical_info_t *b)
+{
+    return a->base == b->base && a->size == b->size && a->handle_types == b->handle_types &&
+           a->gpu_direct_rdma == b->gpu_direct_rdma;
+}
+
+static void test_dist_and_stats(void)
+{
+    cubuf_dist_caps_t caps = CUBUF_DIST_CAPS_INIT;
+    T_REQUIRE(cubuf_device_dist_caps(0, &caps));
+    OUTPUTS(cubuf_dist_caps_t, CUBUF_DIST_CAPS_SIZE_V1, cubuf_device_dist_caps(0, o_), same_caps,
+            caps);
+    cubuf_resource_t *res = NULL;
+    cubuf_buffer_t *buf = NULL;
+    T_REQUIRE(cubuf_device_resource_create(0, NULL, &res));
+    T_REQUIRE(cubuf_resource_allocate(res, 1 << 20, CU_STREAM_PER_THREAD, &buf));
+    cubuf_memory_info_t mem = CUBUF_MEMORY_INFO_INIT;
+    T_REQUIRE(cubuf_buffer_memory_info(buf, &mem));
+    OUTPUTS(cubuf_memory_info_t, CUBUF_MEMORY_INFO_SIZE_V1, cubuf_buffer_memory_info(buf, o_),
+            same_memory, mem);
+    cubuf_physical_info_t phys = CUBUF_PHYSICAL_INFO_INIT;
+    T_REQUIRE(cubuf_buffer_physical_allocation(buf, 0, &phys));
+    OUTPUTS(cubuf_physical_info_t, CUBUF_PHYSICAL_INFO_SIZE_V1,
+            cubuf_buffer_physical_allocation(buf, 0, o_), same_physical, phys);
+    /* A pool's usage at every size from the counters alone to all of it:
+     * the pool figures (driver queries) are written only as far as they fit. */
+    for (size_t n = CUBUF_RESOURCE_STATS_SIZE_V1; n <= sizeof(cubuf_resource_stats_t); n++) {
+        cubuf_resource_stats_t *s = output(n);
+        T_OK(cubuf_resource_stats(res, s));
+        T_CHECK(untouched_from(n) && s->struct_size == n && s->current_count == 1);
+    }
+    cubuf_buffer_release(buf);
+    cubuf_resource_release(res);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -114,5 +166,6 @@ int main(void)
     test_device_info();
     test_vmm();
     test_copy();
+    test_dist_and_stats();
     return t_finish("test_abi_gpu");
 }
