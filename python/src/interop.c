@@ -92,6 +92,16 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     if (copy) {
         st = cubuf_buffer_copy_to_new(self->buf, none ? self->work_stream : consumer, NULL, &copied);
         if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
+        /* A resource that rounds sizes up (virtual memory) gives a larger
+         * copy: the tensor is of the buffer's bytes only. */
+        const size_t n = cubuf_buffer_size(self->buf);
+        if (cubuf_buffer_size(copied) != n) {
+            cubuf_buffer_t *part = NULL;
+            st = cubuf_buffer_slice(copied, 0, n, &part);
+            cubuf_buffer_release(copied); /* the slice holds it now; on failure this frees it */
+            if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
+            copied = part;
+        }
         src = copied;
     }
     PyObject *cap = NULL;

@@ -202,3 +202,20 @@ def test_cuda_array_interface():
     b.close()
     assert not hasattr(b, "__cuda_array_interface__")
     s.sync()
+
+
+def test_copy_true_of_a_virtual_memory_view_has_its_size():
+    # copy_to_new rounds a virtual memory copy up to the granularity: the tensor
+    # was of the rounded size (2 MiB for a 100-byte view), past the bytes copied
+    vmm = cubuf.VirtualMemoryResource(0)
+    b = vmm.allocate(vmm.granularity)
+    v = cubuf.Context(0).foreign_buffer(b.handle, 100, base=b)
+    v.fill(7, stream=S)
+    c = cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: v.__dlpack__(copy=True, **kw),
+                                           "__dlpack_device__": lambda self: v.__dlpack_device__()})())
+    assert c.handle != v.handle and c.size == 100
+    assert c.copy_to_host() == b"\x07" * 100
+    c.close()  # the tensor's deleter frees the copy
+    v.close()
+    b.close()
+    assert vmm.stats["current_count"] == 0
