@@ -178,10 +178,21 @@ static void Buffer_dealloc(BufferObject *self)
 {
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
-    if (self->stream_ref && !cubuf_buffer_is_closed(self->buf) &&
-        cubuf_buffer_close(self->buf) == CUBUF_ERROR_BUSY)
-        free_later_on_legacy(self);
+    /* A close that may wait lets the GIL go, as Buffer.close does (work it
+     * waits for may need it: a Python host function on the stream); nothing
+     * else can reach this object meanwhile. */
+    bool wait = self->buf && cubuf__inspect_close_may_wait(self->buf);
+    PyThreadState *ts;
+    if (self->stream_ref && !cubuf_buffer_is_closed(self->buf)) {
+        ts = wait ? PyEval_SaveThread() : NULL;
+        const cubuf_status_t st = cubuf_buffer_close(self->buf);
+        if (wait) PyEval_RestoreThread(ts);
+        if (st == CUBUF_ERROR_BUSY) free_later_on_legacy(self);
+        wait = cubuf__inspect_close_may_wait(self->buf); /* false once closed */
+    }
+    ts = wait ? PyEval_SaveThread() : NULL;
     cubuf_buffer_release(self->buf); /* closes an open buffer on its deallocation stream */
+    if (wait) PyEval_RestoreThread(ts);
     self->buf = NULL;                /* gone (maybe freed): Buffer_clear must not inspect it */
     Buffer_clear(self);
     Py_CLEAR(self->stream_ref); /* only now: the release above may have used the stream */
