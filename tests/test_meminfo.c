@@ -139,6 +139,27 @@ static void virtual_memory(const cubuf_dist_caps_t *caps)
         cubuf_buffer_release(slice);
         cubuf_buffer_release(one);
     }
+    /* A view of virtual memory is described by the pointer attributes: the
+     * handle types its physical allocation was created with, as the
+     * driver's CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES reports them (none
+     * here; POSIX fd for an exportable resource's memory). */
+    cubuf_resource_t *posix = NULL;
+    cubuf_vmm_options_t xo = CUBUF_VMM_OPTIONS_INIT;
+    xo.handle_type = CUBUF_VMM_HANDLE_POSIX_FD;
+    T_REQUIRE(cubuf_vmm_resource_create(0, &xo, &posix));
+    cubuf_resource_t *kinds[2] = {res, posix};
+    for (int k = 0; k < 2; k++) {
+        cubuf_buffer_t *view = NULL;
+        T_REQUIRE(cubuf_resource_allocate(kinds[k], gran, CU_STREAM_LEGACY, &one));
+        T_REQUIRE(cubuf_buffer_view(cubuf_buffer_ptr(one), gran, &view));
+        m = info_of(view);
+        T_CHECK(m.base == cubuf_buffer_ptr(one) && m.extent == gran && m.allocation_count == 1);
+        T_CHECK(m.handle_types == (k ? (unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0u));
+        T_CHECK(physical(view, 0).handle_types == m.handle_types);
+        cubuf_buffer_release(view);
+        cubuf_buffer_release(one);
+    }
+    cubuf_resource_release(posix);
     cubuf_resource_release(cache);
     cubuf_resource_release(stats);
     T_CU(cuCtxSetCurrent, NULL);

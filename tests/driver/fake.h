@@ -128,6 +128,8 @@ typedef struct td_range {
     bool host_memtype;   /* reports CU_MEMORYTYPE_HOST (host pools, host memory) */
     unsigned long long id; /* unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID), set by td_range_add */
     unsigned flags;      /* cuMemHostAlloc / cuMemHostRegister flags (host kinds) */
+    unsigned handle_types; /* CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: a VMM mapping's
+                              physical allocation's requestedHandleTypes; else 0 */
 } td_range_t;
 
 /* Adds a range (its id is assigned). CUDA_ERROR_OUT_OF_MEMORY if the

@@ -485,8 +485,7 @@ static CUresult attribute(CUpointer_attribute a, void *data, CUdeviceptr ptr, co
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPED: put_bool(data, rg != NULL); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-        *(unsigned long long *)data =
-            rg && rg->fd >= 0 && rg->kind != TD_KIND_DEVICE ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+        *(unsigned long long *)data = rg ? rg->handle_types : 0;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: put_bool(data, false); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:

@@ -374,7 +374,8 @@ CUresult td_cuMemMap(CUdeviceptr_v2 ptr, size_t size, size_t offset, CUmemGeneri
     if (at == MAP_FAILED) goto out;
     td_range_t rg = {.base = (uintptr_t)ptr, .size = size, .kind = TD_KIND_VMM_MAP, .device = device_of(p),
                      .fd = p->fd, .fd_offset = (size_t)(p->offset + offset), .owner = p,
-                     .host_memtype = p->prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE};
+                     .host_memtype = p->prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE,
+                     .handle_types = (unsigned)p->prop.requestedHandleTypes};
     if ((r = td_range_add(&rg)) != CUDA_SUCCESS) {
         mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         goto out;
