@@ -91,7 +91,12 @@ static PyObject *Resource_deallocate(ResourceObject *self, PyObject *const *args
     if (cbp_handle(a[0], "ptr", &ptr) < 0 || cbp_size(a[1], "size", &size) < 0 ||
         (a[2] && a[2] != Py_None && cbp_stream(a[2], &s) < 0))
         return NULL;
-    cubuf_status_t st = cubuf_resource_deallocate_raw(self->res, (CUdeviceptr)ptr, size, s);
+    /* A synchronous resource's free waits for the device (cuMemFree), and
+     * work it waits for may need the GIL (a Python host function). */
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_resource_deallocate_raw(self->res, (CUdeviceptr)ptr, size, s);
+    Py_END_ALLOW_THREADS
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "deallocate");
     Py_RETURN_NONE;
 }

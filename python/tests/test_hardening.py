@@ -150,35 +150,51 @@ def test_int_deallocation_stream_lets_the_kept_stream_go():
     assert sys.getrefcount(s) == before - 1
 
 
-_DEALLOC_WAITS = r'''
+
+# A child process runs each GIL deadlock check, so that a deadlock fails the test. The
+# host function on s waits for ev without the GIL; once ev is set it needs the GIL back
+# to return, which it gets only when this thread lets it go (the switch interval is long).
+_GIL_WAIT = r'''
 import sys, threading, time
 import cubuf
 from conftest import Driver
 drv = Driver()
-sys.setswitchinterval(1.0)  # the host function gets the GIL only when this thread lets it go
+sys.setswitchinterval(1.0)
 s = cubuf.Stream(0)
-b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)
 ev = threading.Event()
-fn = Driver.HOST_FN(lambda _: ev.wait())
-drv.launch_host_func(cubuf.Context(0), s, fn)
-time.sleep(0.3)  # the host function waits for ev without the GIL
-ev.set()  # it now needs the GIL back to return
-del b  # the destructor's close synchronizes s
-print("done")
+def gate():
+    fn = Driver.HOST_FN(lambda _: ev.wait())
+    drv.launch_host_func(cubuf.Context(0), s, fn)
+    time.sleep(0.3)
+    ev.set()
+    return fn
 '''
 
 
-def test_destructor_close_that_waits_lets_the_gil_go():
-    # Buffer_dealloc closed a synchronous resource's buffer holding the GIL: the close
-    # waited for s, whose Python host function waited for the GIL (a deadlock; Buffer.close
-    # already let it go). In a child process, so that the deadlock fails the test.
+def _no_gil_deadlock(body):
     import os
     import subprocess
     import sys
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     try:
-        r = subprocess.run([sys.executable, "-c", _DEALLOC_WAITS], cwd=os.path.dirname(__file__), env=env,
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run([sys.executable, "-c", _GIL_WAIT + body + "\nprint('done')\n"],
+                           cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        pytest.fail("the destructor's close deadlocked on the GIL")
+        pytest.fail("deadlocked on the GIL")
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
+
+
+def test_destructor_close_that_waits_lets_the_gil_go():
+    # Buffer_dealloc closed a synchronous resource's buffer holding the GIL: the close
+    # waited for s, whose host function waited for the GIL (Buffer.close let it go already).
+    _no_gil_deadlock("b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)\n"
+                     "fn = gate()\n"
+                     "del b\n")
+
+
+def test_deallocate_lets_the_gil_go():
+    # MemoryResource.deallocate of a synchronous resource (cuMemFree waits for the device)
+    _no_gil_deadlock("mr = cubuf.SyncDeviceMemoryResource(0)\n"
+                     "ptr = drv.mem_alloc(4096)\n"
+                     "fn = gate()\n"
+                     "mr.deallocate(ptr, 4096, stream=s)\n")
