@@ -412,6 +412,18 @@ fail:
     return st;
 }
 
+/* A host-pool attribute: drivers before 12.6 do not know these at all
+ * (CUDA_ERROR_INVALID_VALUE), which reads as a device without the feature;
+ * any other failure is the driver's. */
+static cubuf_status_t host_pool_attr(const cubuf_context_t *ctx, CUdevice_attribute attr, int *v)
+{
+    *v = 0;
+    const CUresult r = CU_CALL(cuDeviceGetAttribute, v, attr, ctx->device);
+    if (r == CUDA_ERROR_INVALID_VALUE) *v = 0;
+    else if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuDeviceGetAttribute");
+    return CUBUF_SUCCESS;
+}
+
 /* The host pool's location: plain host memory, or, for IPC (the driver
  * refuses handle types on CU_MEM_LOCATION_TYPE_HOST pools), the host NUMA
  * node closest to the device. */
@@ -420,23 +432,23 @@ static cubuf_status_t pinned_location(const cubuf_context_t *ctx, bool ipc, CUme
     int v;
     cubuf_status_t st;
     if (!ipc) {
-        if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v)) !=
-            CUBUF_SUCCESS)
+        if ((st = host_pool_attr(ctx, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, &v)) != CUBUF_SUCCESS)
             return st;
         if (!v)
             return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
-                               "device %d does not support host-located memory pools", ctx->ordinal);
+                               "device %d does not support host-located memory pools (or this driver, "
+                               "before 12.6, cannot say)",
+                               ctx->ordinal);
         loc->type = CU_MEM_LOCATION_TYPE_HOST;
         loc->id = 0;
         return CUBUF_SUCCESS;
     }
-    if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, &v)) !=
-        CUBUF_SUCCESS)
+    if ((st = host_pool_attr(ctx, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, &v)) != CUBUF_SUCCESS)
         return st;
     if (!v)
         return cubuf__fail(CUBUF_ERROR_NOT_SUPPORTED,
                            "device %d does not support host NUMA memory pools, which IPC-enabled "
-                           "pinned pools need",
+                           "pinned pools need (or this driver, before 12.6, cannot say)",
                            ctx->ordinal);
     if ((st = cubuf__device_attr(ctx->device, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, &v)) != CUBUF_SUCCESS) return st;
     loc->type = CU_MEM_LOCATION_TYPE_HOST_NUMA;

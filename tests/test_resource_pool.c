@@ -597,6 +597,36 @@ static void test_pinned(void)
     cubuf_resource_release(r);
 }
 
+/* A driver before 12.6 does not know the host-pool attributes
+ * (CUDA_ERROR_INVALID_VALUE): the pinned pool is not supported there, as
+ * the header says, not a driver failure; any other failure is the driver's. */
+static void test_pinned_old_driver(void)
+{
+    for (int ipc = 0; ipc < 2; ipc++) {
+        /* the query after memory pools (and, for IPC, pool handle types) */
+        const unsigned nth = ipc ? 3 : 2;
+        cubuf_resource_t *r = NULL;
+        T_CHECK(cubuf_fault_fail_nth("cuDeviceGetAttribute", nth, CUDA_ERROR_INVALID_VALUE));
+        T_STATUS(cubuf_pinned_resource_create(0, ipc, &r), CUBUF_ERROR_NOT_SUPPORTED);
+        T_CHECK(cubuf_fault_fired() && r == NULL);
+        T_CHECK(strstr(cubuf_last_error(), "before 12.6") != NULL);
+        T_CHECK(cubuf_fault_fail_nth("cuDeviceGetAttribute", nth, CUDA_ERROR_UNKNOWN));
+        T_STATUS(cubuf_pinned_resource_create(0, ipc, &r), CUBUF_ERROR_DRIVER);
+        T_CHECK(cubuf_fault_fired() && r == NULL && cubuf_last_cuda_result() == CUDA_ERROR_UNKNOWN);
+        cubuf_fault_reset();
+    }
+    cubuf_context_t *c = NULL;
+    cubuf_buffer_t *b = NULL;
+    T_REQUIRE(cubuf_context_create(0, &c));
+    T_CHECK(cubuf_fault_fail_nth("cuDeviceGetAttribute", 2, CUDA_ERROR_INVALID_VALUE));
+    T_STATUS(cubuf_context_new_host_buffer(c, MiB, &b), CUBUF_ERROR_NOT_SUPPORTED);
+    T_CHECK(cubuf_fault_fired() && b == NULL);
+    cubuf_fault_reset();
+    T_OK(cubuf_context_new_host_buffer(c, MiB, &b)); /* the next call makes the pool */
+    cubuf_buffer_release(b);
+    cubuf_context_destroy(c);
+}
+
 static void test_graph(void)
 {
     cubuf_resource_t *r = NULL;
@@ -971,6 +1001,7 @@ int main(void)
     cubuf_resource_release(r);
     test_faults();
     test_pinned();
+    test_pinned_old_driver();
     test_graph();
 
     /* Every resource released its retained primary context. */
