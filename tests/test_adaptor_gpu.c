@@ -425,6 +425,35 @@ static void test_replay_versions(void)
     T_CHECK(rc == 0);
 }
 
+/* A free line's size is not its allocation's (a device pool takes any size
+ * at a free, so such a log can be made) or is 0: the replay frees the
+ * allocation at its own size, which a virtual memory resource checks (the
+ * free failed) and a caching resource files the block by; the size-0 free
+ * is a free (it was skipped, the memory kept live until reused). */
+static void test_replay_free_size(void)
+{
+    static const char log[] =
+        "# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status\n"
+        "0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS\n"
+        "1,6,7,(nil),free,0x2000,4096,CUBUF_SUCCESS\n"
+        "2,7,7,(nil),allocate,0x3000,512,CUBUF_SUCCESS\n"
+        "3,8,7,(nil),free,0x3000,0,CUBUF_SUCCESS\n";
+    char path[] = "/tmp/cubuf_replay_s_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    T_REQUIRE(f ? CUBUF_SUCCESS : CUBUF_ERROR_SYSTEM);
+    fputs(log, f);
+    fclose(f);
+    static const char *const kinds[] = {"vmm", "caching", "device"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        bool saw = false, rows = false;
+        int rc = replay_on(path, kinds[i], "4 events (2 allocations) on 1 thread(s) and 1 stream(s), 0 skipped",
+                           &saw, &rows);
+        T_CHECK(rc == 0 && saw && rows);
+    }
+    unlink(path);
+}
+
 /* Lines the tool refuses (exit 2, naming the line) rather than replaying
  * what it could make of them: a field after the status, text after it, a
  * negative size, one past SIZE_MAX, and a line longer than the tool reads
@@ -510,6 +539,7 @@ int main(void)
     test_log_replay(pool, cu);
     test_replay_versions();
     test_replay_malformed();
+    test_replay_free_size();
     cubuf_resource_release(pool);
     T_CU(cuStreamDestroy, g_s);
     cubuf_context_destroy(ctx);

@@ -4,7 +4,8 @@
  * Each logged thread becomes a replay thread that performs its own events
  * in their logged order, each logged stream a stream of its own (default
  * streams stay default streams), and each free frees what the matching
- * allocation returned (a free logged on another thread waits until that
+ * allocation returned, with that allocation's size whatever size the free
+ * line gives (a free logged on another thread waits until that
  * allocation has been replayed). Failed events are skipped; allocations the
  * log never frees are freed at the end (or before their pointer is handed
  * out again); frees of allocations made before the log began are skipped.
@@ -175,11 +176,12 @@ static int read_plan(const char *path, plan_t *p)
             fprintf(stderr, "cubuf replay: %s:%ld: not a log line: %s", path, lineno, line);
             return fail_plan(f, lines, &m, p, "the log cannot be read");
         }
-        if (strcmp(status, "CUBUF_SUCCESS") != 0 || e.size == 0 || !e.ptr) {
+        e.alloc = op[0] == 'a';
+        /* A free's size is not read: it frees its allocation, at that size. */
+        if (strcmp(status, "CUBUF_SUCCESS") != 0 || (e.alloc && e.size == 0) || !e.ptr) {
             p->skipped++;
             continue;
         }
-        e.alloc = op[0] == 'a';
         nalloc += e.alloc;
         if (n == cap) {
             cap = cap ? 2 * cap : 4096;
@@ -207,6 +209,7 @@ static int read_plan(const char *path, plan_t *p)
     for (long k = 0; k < n; k++) {
         const line_ev_t *e = &lines[k];
         long id = -1, at = -1;
+        size_t size = e->size;
         if (e->alloc) {
             id = p->nalloc++;
             if ((at = live_take(&m, e->ptr)) >= 0) { /* handed out again, no free logged: freed first */
@@ -215,6 +218,7 @@ static int read_plan(const char *path, plan_t *p)
             }
         } else if ((at = live_take(&m, e->ptr)) >= 0) {
             id = p->ev[at].id;
+            size = p->ev[at].size; /* a resource that checks it (virtual memory) or files by it (caching) */
         } else { /* allocated before the log began */
             p->skipped++;
             continue;
@@ -228,7 +232,7 @@ static int read_plan(const char *path, plan_t *p)
             p->streams_logged[p->nstreams++] = e->stream;
         }
         if (th < 0 || sx < 0) return fail_plan(f, lines, &m, p, "more than 256 threads or 64 streams in the log");
-        p->ev[p->nev] = (event_t){th, sx, e->alloc, e->size, id};
+        p->ev[p->nev] = (event_t){th, sx, e->alloc, size, id};
         if (e->alloc) live_put(&m, e->ptr, p->nev);
         p->nev++;
     }
@@ -329,7 +333,8 @@ static void *replay_thread(void *arg)
             n[1]++;
             atomic_store(&r->ptrs[e->id], 0);
             if (!ok) {
-                fprintf(stderr, "cubuf replay: free of allocation %ld failed\n", e->id);
+                fprintf(stderr, "cubuf replay: free of allocation %ld failed: %s\n", e->id,
+                        r->side.res ? cubuf_last_error() : "the raw driver pool");
                 atomic_store(&r->failed, 1);
             }
         }
