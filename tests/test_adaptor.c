@@ -4,6 +4,7 @@
  * each adaptor, and 8 threads through a stack with exact totals. Needs no
  * driver (test_adaptor_gpu has the device parts). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1389,6 +1390,129 @@ static void test_limit_past_int64(void)
     cubuf_resource_release(up);
 }
 
+/* ---- the failure callback under 8 threads (h63 review) ---- */
+
+/* Allocations any thread may free: the callback frees the oldest, through
+ * the top of the stack, and has the allocation retried. */
+typedef struct stash {
+    pthread_mutex_t lock;
+    cubuf_resource_t *top;
+    CUdeviceptr p[64];
+    size_t size[64];
+    int n;
+    atomic_long calls, freed, declined;
+} stash_t;
+
+static bool stash_free_one(stash_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    if (s->n) {
+        p = s->p[0];
+        size = s->size[0];
+        memmove(s->p, s->p + 1, (size_t)(s->n - 1) * sizeof *s->p);
+        memmove(s->size, s->size + 1, (size_t)(s->n - 1) * sizeof *s->size);
+        s->n--;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!p) return false;
+    T_OK(cubuf_resource_deallocate_raw(s->top, p, size, NULL));
+    atomic_fetch_add(&s->freed, 1);
+    return true;
+}
+
+static bool stash_rescue(void *user, size_t size, unsigned attempt)
+{
+    (void)size;
+    stash_t *s = user;
+    atomic_fetch_add(&s->calls, 1);
+    if (stash_free_one(s)) return true;
+    sched_yield(); /* others hold it all, in flight: they free soon */
+    return attempt < 1000;
+}
+
+typedef struct rescue_job {
+    stash_t *s;
+    unsigned seed;
+    long made;
+    uint64_t bytes;
+    cubuf_status_t st;
+} rescue_job_t;
+
+static void *rescue_worker(void *arg)
+{
+    rescue_job_t *j = arg;
+    stash_t *s = j->s;
+    for (int i = 0; i < 3000; i++) {
+        size_t size = 1 + rand_r(&j->seed) % 1000;
+        CUdeviceptr p = 0;
+        cubuf_status_t st = cubuf_resource_allocate_raw(s->top, size, NULL, &p);
+        if (st == CUBUF_ERROR_OUT_OF_MEMORY) {
+            atomic_fetch_add(&s->declined, 1);
+            continue;
+        }
+        if (st != CUBUF_SUCCESS) {
+            j->st = st;
+            break;
+        }
+        j->made++;
+        j->bytes += size;
+        pthread_mutex_lock(&s->lock);
+        bool kept = s->n < 64;
+        if (kept) {
+            s->p[s->n] = p;
+            s->size[s->n++] = size;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (!kept) T_OK(cubuf_resource_deallocate_raw(s->top, p, size, NULL));
+    }
+    return NULL;
+}
+
+static void test_failure_threads(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL, *fa = NULL, *stats = NULL;
+    stash_t s = {PTHREAD_MUTEX_INITIALIZER, NULL, {0}, {0}, 0, 0, 0, 0};
+    T_OK(cubuf_limit_adaptor_create(up, 8000, &lim));
+    T_OK(cubuf_failure_adaptor_create(lim, stash_rescue, &s, &fa));
+    T_OK(cubuf_statistics_adaptor_create(fa, &stats));
+    s.top = stats;
+    pthread_t th[8];
+    rescue_job_t jobs[8];
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (rescue_job_t){&s, 17u * (unsigned)i + 3, 0, 0, CUBUF_SUCCESS};
+        T_CHECK(pthread_create(&th[i], NULL, rescue_worker, &jobs[i]) == 0);
+    }
+    long made = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        T_OK(jobs[i].st);
+        made += jobs[i].made;
+        bytes += jobs[i].bytes;
+    }
+    while (stash_free_one(&s)) {
+    }
+    printf("  failure callback, 8 threads: %ld made, %ld callbacks, %ld freed by them, %ld declined\n",
+           made, (long)s.calls, (long)s.freed, (long)s.declined);
+    T_CHECK(s.calls > 0 && made > 0 && h.live == 0);
+    cubuf_statistics_t st = stats_of(stats), sl = stats_of(lim), su = stats_of(up);
+    T_CHECK(st.current_bytes == 0 && st.current_count == 0 && st.total_count == (uint64_t)made &&
+            st.total_requested == bytes && st.peak_requested <= 8000);
+    T_CHECK(sl.current_requested == 0 && sl.total_count == (uint64_t)made && sl.peak_requested <= 8000);
+    T_CHECK(su.current_bytes == 0 && su.total_count == (uint64_t)made);
+    /* Nothing is left held against the cap: all of it can be had. */
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(stats, 8000, NULL, &p));
+    T_OK(cubuf_resource_deallocate_raw(stats, p, 8000, NULL));
+    cubuf_resource_release(stats);
+    cubuf_resource_release(fa);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(up);
+}
+
 int main(void)
 {
     test_raw();
@@ -1415,5 +1539,6 @@ int main(void)
     test_tracker_undo_in_stack();
     test_log_reuse_order();
     test_log_handoff_order();
+    test_failure_threads();
     return t_finish("test_adaptor");
 }
