@@ -3,6 +3,7 @@
  * (the cap) and the failure callback. Logging and tracking have files of
  * their own. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -220,7 +221,14 @@ static __attribute__((noinline)) cubuf_status_t retry_allocate(cubuf_resource_t 
     const failure_adaptor_t *f = res->impl;
     cubuf_status_t st = CUBUF_ERROR_OUT_OF_MEMORY;
     for (unsigned attempt = 1; st == CUBUF_ERROR_OUT_OF_MEMORY; attempt++) {
+        /* The callback's own calls may fail and leave their detail: a
+         * declined retry reports the upstream's. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", cubuf_last_error());
+        const CUresult why_cu = cubuf_last_cuda_result();
         if (!f->callback(f->user, buf->size, attempt)) {
+            (void)cubuf__fail(st, "%s", why);
+            cubuf__set_last_cu(why_cu);
             cubuf__detail_append("the failure callback declined a retry after %u attempt%s",
                                  attempt, attempt == 1 ? "" : "s");
             return st;

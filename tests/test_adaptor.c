@@ -1513,6 +1513,35 @@ static void test_failure_threads(void)
     cubuf_resource_release(up);
 }
 
+/* A callback whose own work fails (a free it tries is refused) and then
+ * declines: the allocation's detail is still the upstream's out of memory
+ * (here the cap's), not the callback's failure (h63 review). */
+static bool fail_then_decline(void *user, size_t size, unsigned attempt)
+{
+    (void)size, (void)attempt;
+    T_STATUS(cubuf_resource_deallocate_raw(user, 0x1234, 8, NULL), CUBUF_ERROR_INVALID_ARGUMENT);
+    return false;
+}
+
+static void test_failure_detail(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lim = NULL, *fa = NULL, *tr = NULL;
+    T_OK(cubuf_tracking_adaptor_create(up, false, &tr));
+    T_OK(cubuf_limit_adaptor_create(up, 100, &lim));
+    T_OK(cubuf_failure_adaptor_create(lim, fail_then_decline, tr, &fa));
+    CUdeviceptr p = 0;
+    T_STATUS(cubuf_resource_allocate_raw(fa, 200, NULL, &p), CUBUF_ERROR_OUT_OF_MEMORY);
+    T_CHECK(strstr(cubuf_last_error(), "would pass the cap of 100 bytes") != NULL &&
+            strstr(cubuf_last_error(), "declined a retry after 1 attempt") != NULL &&
+            strstr(cubuf_last_error(), "tracking adaptor") == NULL);
+    if (!strstr(cubuf_last_error(), "cap of 100")) printf("  detail: %s\n", cubuf_last_error());
+    cubuf_resource_release(fa);
+    cubuf_resource_release(lim);
+    cubuf_resource_release(tr);
+    cubuf_resource_release(up);
+}
+
 int main(void)
 {
     test_raw();
@@ -1540,5 +1569,6 @@ int main(void)
     test_log_reuse_order();
     test_log_handoff_order();
     test_failure_threads();
+    test_failure_detail();
     return t_finish("test_adaptor");
 }
