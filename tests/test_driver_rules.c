@@ -12,7 +12,9 @@
  *    implicit dependency on a capturing blocking stream without breaking the
  *    capture; an unsafe call in global mode fails and invalidates the
  *    capture, one in relaxed mode does not; a graph replays its work;
- *  - pointer attributes of device, pinned and pageable memory. */
+ *  - pointer attributes of device, pinned and pageable memory;
+ *  - virtual memory: cuMemMap takes offset 0 only (cuda.h: "currently must
+ *    be zero"). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -326,6 +328,37 @@ static void test_pointer_attributes(CUcontext ctx)
     T_CU(cuCtxSetCurrent, NULL);
 }
 
+/* ---- virtual memory ----------------------------------------------------------------- */
+
+static void test_vmm_rules(CUcontext ctx)
+{
+    T_CU(cuCtxSetCurrent, ctx);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t g = 0;
+    T_CU(cuMemGetAllocationGranularity, &g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    T_CU(cuMemAddressReserve, &va, 4 * g, 0, 0, 0);
+    T_CU(cuMemCreate, &h, 2 * g, &prop, 0);
+    /* A granule-aligned offset into the allocation is refused. */
+    T_CHECK(cubuf__drv.cuMemMap(va + g, g, g, h, 0) == CUDA_ERROR_INVALID_VALUE);
+    T_CU(cuMemMap, va + g, 2 * g, 0, h, 0);
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    T_CU(cuMemSetAccess, va + g, 2 * g, &acc, 1);
+
+    T_CU(cuMemUnmap, va + g, 2 * g);
+    T_CU(cuMemRelease, h);
+    T_CU(cuMemAddressFree, va, 4 * g);
+    T_CU(cuCtxSetCurrent, NULL);
+}
+
 int main(void)
 {
     t_require_gpu();
@@ -338,6 +371,7 @@ int main(void)
     test_legacy_rules(primary);
     test_capture(primary);
     test_pointer_attributes(primary);
+    test_vmm_rules(primary);
     T_CHECK(current() == NULL);
     T_CU(cuDevicePrimaryCtxRelease, dev);
     return t_finish("test_driver_rules");

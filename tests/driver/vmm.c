@@ -358,7 +358,8 @@ CUresult td_cuMemMap(CUdeviceptr_v2 ptr, size_t size, size_t offset, CUmemGeneri
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    if (!ptr || size == 0 || !aligned(ptr) || !aligned(size) || !aligned(offset) || flags)
+    /* cuda.h: the offset into the allocation "currently must be zero". */
+    if (!ptr || size == 0 || !aligned(ptr) || !aligned(size) || offset != 0 || flags)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     phys_t *p = phys_of_locked(handle);
