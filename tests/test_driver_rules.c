@@ -14,7 +14,9 @@
  *    capture, one in relaxed mode does not; a graph replays its work;
  *  - pointer attributes of device, pinned and pageable memory;
  *  - virtual memory: cuMemMap takes offset 0 only (cuda.h: "currently must
- *    be zero"). */
+ *    be zero"); a mapping's RANGE_START_ADDR and RANGE_SIZE are its
+ *    reservation's, cuMemGetAddressRange and the MAPPING_* attributes give
+ *    the mapped region. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -352,6 +354,23 @@ static void test_vmm_rules(CUcontext ctx)
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     T_CU(cuMemSetAccess, va + g, 2 * g, &acc, 1);
+
+    CUdeviceptr start = 0, map_base = 0;
+    size_t range = 0, map_size = 0;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+    void *data[] = {&start, &range, &map_base, &map_size};
+    T_CU(cuPointerGetAttributes, 4, attrs, data, va + g + 100);
+    printf("vmm: reservation 0x%llx +%zu, mapping 0x%llx +%zu; attributes: range 0x%llx +%zu, mapping "
+           "0x%llx +%zu\n",
+           (unsigned long long)va, 4 * g, (unsigned long long)(va + g), 2 * g, (unsigned long long)start,
+           range, (unsigned long long)map_base, map_size);
+    T_CHECK(start == va && range == 4 * g);
+    T_CHECK(map_base == va + g && map_size == 2 * g);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    T_CU(cuMemGetAddressRange, &base, &size, va + 2 * g);
+    T_CHECK(base == va + g && size == 2 * g);
 
     T_CU(cuMemUnmap, va + g, 2 * g);
     T_CU(cuMemRelease, h);

@@ -67,6 +67,20 @@ bool td_range_remove(uintptr_t base, td_kind_t kind, td_range_t *out)
     return found;
 }
 
+/* The range of this kind containing addr, copied to *out; false if none. */
+static bool range_of_kind(uintptr_t addr, td_kind_t kind, td_range_t *out)
+{
+    pthread_mutex_lock(&reg_lock);
+    bool found = false;
+    for (size_t i = 0; i < nranges && !found; i++)
+        if (ranges[i].kind == kind && addr >= ranges[i].base && addr - ranges[i].base < ranges[i].size) {
+            *out = ranges[i];
+            found = true;
+        }
+    pthread_mutex_unlock(&reg_lock);
+    return found;
+}
+
 /* Whether [p, p+n) overlaps any range of this kind. */
 static bool overlaps(uintptr_t p, size_t n, td_kind_t kind)
 {
@@ -476,10 +490,21 @@ static CUresult attribute(CUpointer_attribute a, void *data, CUdeviceptr ptr, co
         put_bool(data, rg && rg->kind == TD_KIND_DEVICE && rg->fd >= 0);
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: {
+        /* cuda.h: the mappable address range, not the mapped region (a VMM
+         * mapping's is its cuMemAddressReserve reservation). */
+        td_range_t resv;
+        const td_range_t *of = rg && rg->kind == TD_KIND_VMM_MAP &&
+                                       range_of_kind((uintptr_t)ptr, TD_KIND_VMM_RESERVE, &resv)
+                                   ? &resv
+                                   : rg;
+        if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *(CUdeviceptr *)data = of ? (CUdeviceptr)of->base : 0;
+        else *(size_t *)data = of ? of->size : 0;
+        return CUDA_SUCCESS;
+    }
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
         *(CUdeviceptr *)data = rg ? (CUdeviceptr)rg->base : 0;
         return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
         *(size_t *)data = rg ? rg->size : 0;
         return CUDA_SUCCESS;
