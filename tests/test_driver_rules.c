@@ -11,7 +11,10 @@
  *  - capture: never on the legacy stream; the legacy stream reports the
  *    implicit dependency on a capturing blocking stream without breaking the
  *    capture; an unsafe call in global mode fails and invalidates the
- *    capture, one in relaxed mode does not; a graph replays its work;
+ *    capture, one in relaxed mode does not; a graph replays its work; a
+ *    stream that joined a capture (waited on a captured event) and did
+ *    work there must be joined back into the origin stream, else the
+ *    capture ends with CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
  *  - pointer attributes of device, pinned and pageable memory;
  *  - virtual memory: cuMemMap takes offset 0 only (cuda.h: "currently must
  *    be zero"); a mapping's RANGE_START_ADDR and RANGE_SIZE are its
@@ -277,6 +280,36 @@ static void test_capture(CUcontext ctx)
     T_CHECK(g != NULL);
     if (g) T_CU(cuGraphDestroy, g);
     if (p) T_CU(cuMemFree, p);
+
+    /* A fork: s2 joins the capture through a captured event. Its work not
+     * joined back into s fails the capture; joined back, it succeeds. */
+    CUstream s2 = NULL;
+    CUevent fork = NULL, join = NULL;
+    T_CU(cuStreamCreate, &s2, CU_STREAM_NON_BLOCKING);
+    T_CU(cuEventCreate, &fork, CU_EVENT_DISABLE_TIMING);
+    T_CU(cuEventCreate, &join, CU_EVENT_DISABLE_TIMING);
+    for (int joined = 0; joined < 2; joined++) {
+        T_CU(cuStreamBeginCapture, s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        T_CU(cuMemsetD8Async, buf, 0x11, n, s);
+        T_CU(cuEventRecord, fork, s);
+        T_CU(cuStreamWaitEvent, s2, fork, 0);
+        T_CU(cuStreamIsCapturing, s2, &cs);
+        T_CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        T_CU(cuMemsetD8Async, out, 0x22, n, s2);
+        if (joined) {
+            T_CU(cuEventRecord, join, s2);
+            T_CU(cuStreamWaitEvent, s, join, 0);
+        }
+        g = (CUgraph)(uintptr_t)1;
+        CUresult r = cubuf__drv.cuStreamEndCapture(s, &g);
+        printf("capture with a fork %s: %d\n", joined ? "joined" : "not joined", (int)r);
+        T_CHECK(r == (joined ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNJOINED));
+        T_CHECK(joined ? g != NULL : g == NULL);
+        if (joined && g) T_CU(cuGraphDestroy, g);
+    }
+    T_CU(cuEventDestroy, fork);
+    T_CU(cuEventDestroy, join);
+    T_CU(cuStreamDestroy, s2);
 
     free(h);
     T_CU(cuMemFree, buf);

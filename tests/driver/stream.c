@@ -43,6 +43,9 @@ struct CUstream_st {
     op_t *head, *tail;
     unsigned long long enqueued, done; /* sequence numbers */
     capture_t *cap;           /* capturing (its own capture or one it joined) */
+    unsigned long long cap_ops; /* work it recorded into cap so far */
+    bool cap_tail;            /* it joined cap and holds captured work the origin
+                                 stream has not waited for (a fork not joined) */
 };
 
 /* A graph: the ops a capture recorded, and what it owns (graph
@@ -80,6 +83,8 @@ struct CUevent_st {
     bool recorded;
     dep_t at;                   /* the marker op of the last record */
     unsigned long long cap_id;  /* last recorded during this capture, or 0 */
+    unsigned long long cap_stream, cap_seq; /* that record: the stream, its cap_ops then */
+    bool cap_tail;              /* the stream held unjoined work then */
     struct timespec when;       /* when the marker ran */
     bool destroyed;
     int refs;                   /* the handle and pending markers */
@@ -393,6 +398,8 @@ static CUresult submit_locked(CUstream s, op_t *op, const dep_t *extra)
         if (g->last) g->last->next = op;
         else g->ops = op;
         g->last = op;
+        s->cap_ops++;
+        if (s != s->cap->origin) s->cap_tail = true;
         return CUDA_SUCCESS;
     }
     if (s->kind == KIND_LEGACY) {
@@ -778,6 +785,8 @@ CUresult td_cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
         c->next = captures;
         captures = c;
         s->cap = c;
+        s->cap_ops = 0;
+        s->cap_tail = false;
     }
     pthread_mutex_unlock(&lock);
     if (r != CUDA_SUCCESS) {
@@ -801,6 +810,12 @@ CUresult td_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     if (r == CUDA_SUCCESS && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
         !pthread_equal(c->thread, pthread_self()))
         r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    /* Every stream that joined must have its captured work joined back into
+     * the origin (the origin waited on an event recorded after that work),
+     * else the capture fails: CUDA_ERROR_STREAM_CAPTURE_UNJOINED. */
+    bool unjoined = false;
+    for (CUstream x = streams; x && r == CUDA_SUCCESS; x = x->next)
+        if (x->cap == c && x != s && !x->destroyed && x->cap_tail) unjoined = true;
     if (r == CUDA_SUCCESS) capture_unlink_locked(c);
     pthread_mutex_unlock(&lock);
     if (r != CUDA_SUCCESS) return r;
@@ -808,9 +823,9 @@ CUresult td_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     struct CUgraph_st *g = c->graph;
     bool invalidated = c->invalidated;
     free(c);
-    if (invalidated) {
+    if (invalidated || unjoined) {
         graph_unref(g);
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
     }
     *phGraph = g;
     return CUDA_SUCCESS;
@@ -935,8 +950,14 @@ CUresult td_cuEventRecord(CUevent hEvent, CUstream hStream)
     r = e ? resolve_locked(hStream, &s) : CUDA_ERROR_INVALID_HANDLE;
     if (r == CUDA_SUCCESS && s->cap) {
         /* Recorded into the capture: a node of the graph, no work now. */
-        if (s->cap->invalidated) r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        else e->cap_id = s->cap->id;
+        if (s->cap->invalidated) {
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else {
+            e->cap_id = s->cap->id;
+            e->cap_stream = s->id;
+            e->cap_seq = s->cap_ops;
+            e->cap_tail = s->cap_tail;
+        }
     } else if (r == CUDA_SUCCESS) {
         op_t *op = op_new(mark_event, &e, sizeof e);
         if (!op) {
@@ -995,8 +1016,20 @@ CUresult td_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Fla
         /* Waiting on a captured event joins its capture (fork). */
         capture_t *c = captures;
         while (c->id != e->cap_id) c = c->next;
-        if (s->cap && s->cap != c) r = CUDA_ERROR_STREAM_CAPTURE_MERGE;
-        else s->cap = c;
+        if (s->cap && s->cap != c) {
+            r = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+        } else {
+            if (!s->cap) { /* a fork: s joins the capture */
+                s->cap = c;
+                s->cap_ops = 0;
+                s->cap_tail = false;
+            }
+            /* The recording stream's work up to the record now precedes s's;
+             * waited for by the origin, it is joined. */
+            CUstream x = find_id_locked(e->cap_stream);
+            if (x && x != s && x->cap == c && x->cap_ops == e->cap_seq) x->cap_tail = false;
+            if (e->cap_tail && s != c->origin) s->cap_tail = true;
+        }
     } else if (r == CUDA_SUCCESS && e->recorded) {
         op_t *op = op_new(NULL, NULL, 0);
         r = op ? submit_locked(s, op, &e->at) : CUDA_ERROR_OUT_OF_MEMORY;
