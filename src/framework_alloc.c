@@ -73,28 +73,31 @@ cubuf_status_t cubuf_framework_resource(int device, cubuf_resource_t **out)
     return st;
 }
 
-static inline cubuf_resource_t *fw_get(int device)
+/* The device's resource, or what cubuf_framework_resource failed with (its
+ * detail set): not always OUT_OF_RANGE, a first use may fail to make it. */
+static inline cubuf_status_t fw_get(int device, cubuf_resource_t **r)
 {
-    cubuf_resource_t *r = NULL;
     if (device >= 0 && device < FW_DEVICES &&
-        (r = atomic_load_explicit(&fw_dev[device].res, memory_order_acquire)) != NULL)
-        return r;
-    return cubuf_framework_resource(device, &r) == CUBUF_SUCCESS ? r : NULL;
+        (*r = atomic_load_explicit(&fw_dev[device].res, memory_order_acquire)) != NULL)
+        return CUBUF_SUCCESS;
+    return cubuf_framework_resource(device, r);
 }
 
 /* The caching fast path, or the raw interface of any other resource set. */
 static inline cubuf_status_t fw_alloc(int device, size_t size, CUstream stream, CUdeviceptr *p)
 {
-    cubuf_resource_t *r = fw_get(device);
-    if (!r) return CUBUF_ERROR_OUT_OF_RANGE; /* the detail is set */
+    cubuf_resource_t *r = NULL;
+    cubuf_status_t st = fw_get(device, &r);
+    if (st != CUBUF_SUCCESS) return st;
     return fw_dev[device].caching ? cubuf_caching_allocate(r, size, stream, p)
                                   : cubuf_resource_allocate_raw(r, size, stream, p);
 }
 
 static inline cubuf_status_t fw_free(int device, CUdeviceptr p, size_t size, CUstream stream)
 {
-    cubuf_resource_t *r = fw_get(device);
-    if (!r) return CUBUF_ERROR_OUT_OF_RANGE;
+    cubuf_resource_t *r = NULL;
+    cubuf_status_t st = fw_get(device, &r);
+    if (st != CUBUF_SUCCESS) return st;
     return fw_dev[device].caching ? cubuf_caching_deallocate(r, p, size, stream)
                                   : cubuf_resource_deallocate_raw(r, p, size, stream);
 }

@@ -800,6 +800,32 @@ static void test_cupy_failures(void)
     cubuf_resource_release(up); /* the slot keeps it for the process */
 }
 
+/* A free on a device whose resource cannot be made warns with the status
+ * that failed (here no driver, or no such device), not OUT_OF_RANGE. */
+static cubuf_status_t w_status;
+static void status_warning(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)msg;
+    (void)user;
+    w_status = st;
+}
+
+static void test_framework_free_status(void)
+{
+    cubuf_resource_t *r = NULL;
+    const cubuf_status_t want = cubuf_framework_resource(63, &r);
+    if (want == CUBUF_SUCCESS) return; /* a machine with 64 devices */
+    cubuf_set_warning_handler(status_warning, NULL);
+    w_status = CUBUF_SUCCESS;
+    cubuf_torch_free((void *)(uintptr_t)0x1000, 64, 63, NULL);
+    T_CHECK(w_status == want);
+    w_status = CUBUF_SUCCESS;
+    cubuf_cupy_free(NULL, (void *)(uintptr_t)0x1000, 63); /* unknown: never reaches the resource */
+    T_CHECK(w_status == CUBUF_ERROR_INVALID_ARGUMENT);
+    cubuf_set_warning_handler(NULL, NULL);
+    T_CHECK(cubuf_torch_alloc(64, 63, NULL) == NULL);
+}
+
 int main(void)
 {
     test_classes();
@@ -815,5 +841,6 @@ int main(void)
     test_threads_chaos();
     test_framework_set();
     test_cupy_failures();
+    test_framework_free_status();
     return t_finish("test_caching");
 }
