@@ -2,6 +2,8 @@
  * with the array API's stream rules, and the CUDA Array Interface v3. */
 #include "cubufpy.h"
 
+#include "inspect.h" /* whether a tensor's deletion may wait */
+
 /* ---- streams of the array API ------------------------------------------ */
 
 /* The stream an array-API `stream` int names for CUDA memory: 1 legacy,
@@ -36,18 +38,31 @@ static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged
 
 /* ---- export ---------------------------------------------------------------- */
 
+/* A capsule nobody consumed deletes its tensor: the deleter releases the
+ * tensor's slice (manager_ctx), which may be the buffer's last reference
+ * (its Buffer is gone) and so close it. A close that may wait runs without
+ * the GIL, as the Buffer's destructor's does (the work it waits for may
+ * need the GIL: a Python host function). */
 static void capsule_versioned_del(PyObject *cap)
 {
     if (!PyCapsule_IsValid(cap, "dltensor_versioned")) return; /* consumed */
     DLManagedTensorVersioned *t = PyCapsule_GetPointer(cap, "dltensor_versioned");
-    if (t && t->deleter) t->deleter(t);
+    if (!t || !t->deleter) return;
+    const bool wait = cubuf__inspect_close_may_wait(t->manager_ctx);
+    PyThreadState *ts = wait ? PyEval_SaveThread() : NULL;
+    t->deleter(t);
+    if (wait) PyEval_RestoreThread(ts);
 }
 
 static void capsule_unversioned_del(PyObject *cap)
 {
     if (!PyCapsule_IsValid(cap, "dltensor")) return;
     DLManagedTensor *t = PyCapsule_GetPointer(cap, "dltensor");
-    if (t && t->deleter) t->deleter(t);
+    if (!t || !t->deleter) return;
+    const bool wait = cubuf__inspect_close_may_wait(t->manager_ctx); /* as above */
+    PyThreadState *ts = wait ? PyEval_SaveThread() : NULL;
+    t->deleter(t);
+    if (wait) PyEval_RestoreThread(ts);
 }
 
 PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)

@@ -198,3 +198,14 @@ def test_deallocate_lets_the_gil_go():
                      "ptr = drv.mem_alloc(4096)\n"
                      "fn = gate()\n"
                      "mr.deallocate(ptr, 4096, stream=s)\n")
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_unconsumed_capsule_lets_the_gil_go(max_version):
+    # interop.c: a DLPack capsule nobody consumed ran its tensor's deleter holding the GIL;
+    # with the Buffer gone that release closes the buffer, which waited for s.
+    _no_gil_deadlock("b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)\n"
+                     f"cap = b.__dlpack__(stream=-1, max_version={max_version!r})\n"
+                     "del b\n"
+                     "fn = gate()\n"
+                     "del cap\n")
