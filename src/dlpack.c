@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cubuf/dlpack.h"
+#include "inspect.h"
 #include "internal.h"
 #include "strided.h"
 
@@ -278,6 +279,19 @@ cubuf_status_t cubuf_buffer_from_dlpack_unversioned(DLManagedTensor *t, cubuf_bu
     static const char what[] = "cubuf_buffer_from_dlpack_unversioned";
     CHECK_ARG(t && out, "%s: NULL argument", what);
     return import_tensor(&t->dl_tensor, t, release_unversioned, what, out);
+}
+
+bool cubuf__dlpack_release_may_wait(const cubuf_buffer_t *root)
+{
+    if (root->owner_release == release_versioned) {
+        const DLManagedTensorVersioned *t = root->owner;
+        return t->deleter != delete_versioned || cubuf__inspect_close_may_wait(t->manager_ctx);
+    }
+    if (root->owner_release == release_unversioned) {
+        const DLManagedTensor *t = root->owner;
+        return t->deleter != delete_unversioned || cubuf__inspect_close_may_wait(t->manager_ctx);
+    }
+    return false;
 }
 
 bool cubuf_dlpack_is_read_only(const cubuf_buffer_t *buf)

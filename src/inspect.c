@@ -22,6 +22,7 @@ bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf)
     /* A slice's or based view's close may drop the root's last reference,
      * and so free the root's memory: the root's resource decides. */
     const cubuf_buffer_t *root = buf->parent ? buf->parent : buf;
+    if (cubuf__dlpack_release_may_wait(root)) return true; /* from_dlpack's views */
     for (const cubuf_resource_t *r = root->resource; r;) {
         if (r->vt->pool) return false; /* cuMemFreeAsync */
         const cubuf_resource_t *up = cubuf__caching_upstream(r);
@@ -29,7 +30,7 @@ bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf)
         if (!up) return true;
         r = up;
     }
-    return false; /* a plain view: its owner's release takes the GIL itself */
+    return false; /* a plain view: its owner's release (a Python object's) takes the GIL itself */
 }
 
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }

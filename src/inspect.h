@@ -22,6 +22,11 @@ void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release
  * directly or through adaptors and caching resources over one. The Python
  * package lets the GIL go around a close that may. */
 bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf);
+/* Whether releasing root's owner may wait: root holds an imported DLPack
+ * tensor whose deleter may free memory (dlpack.c): a cubuf tensor's when
+ * the buffer it holds may wait to close, any other producer's always (its
+ * deleter takes the GIL itself where it needs it, as DLPack's do). */
+bool cubuf__dlpack_release_may_wait(const cubuf_buffer_t *root);
 /* The upstream of a caching resource (caching.c), or NULL for another. */
 cubuf_resource_t *cubuf__caching_upstream(const cubuf_resource_t *res);
 /* References to res (callers and open buffers). */

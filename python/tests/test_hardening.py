@@ -209,3 +209,15 @@ def test_unconsumed_capsule_lets_the_gil_go(max_version):
                      "del b\n"
                      "fn = gate()\n"
                      "del cap\n")
+
+
+@pytest.mark.parametrize("end", ["del v", "v.close()"])
+def test_from_dlpack_view_lets_the_gil_go(end):
+    # from_dlpack's view releases the imported tensor, whose deleter (cubuf's own here)
+    # drops the producer's last reference: the view's close counted as one that cannot
+    # wait (a plain view) and kept the GIL while the synchronous resource's close waited.
+    _no_gil_deadlock("b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)\n"
+                     "v = cubuf.from_dlpack(b)\n"
+                     "del b\n"
+                     "fn = gate()\n"
+                     + end + "\n")
