@@ -38,31 +38,51 @@ static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged
 
 /* ---- export ---------------------------------------------------------------- */
 
-/* A capsule nobody consumed deletes its tensor: the deleter releases the
- * tensor's slice (manager_ctx), which may be the buffer's last reference
- * (its Buffer is gone) and so close it. A close that may wait runs without
- * the GIL, as the Buffer's destructor's does (the work it waits for may
- * need the GIL: a Python host function). */
+/* The deleters of the tensors __dlpack__ exports are cubuf's, wrapped: a
+ * tensor's deletion releases its slice (manager_ctx), which may be the
+ * buffer's last reference (its Buffer is gone) and so close it. A consumer
+ * may delete the tensor holding the GIL (a capsule's destructor, a torch
+ * tensor's), and a close that may wait must not hold it (the work it waits
+ * for may need it: a Python host function): the wrapper lets it go then,
+ * as the Buffer's destructor does. cubuf's own deleters, kept at the first
+ * export, do the rest. */
+static void (*_Atomic cubuf_delete_versioned)(DLManagedTensorVersioned *);
+static void (*_Atomic cubuf_delete_unversioned)(DLManagedTensor *);
+
+static PyThreadState *release_gil_if_may_wait(void *slice)
+{
+    if (!cubuf__inspect_close_may_wait(slice) || !Py_IsInitialized() || !PyGILState_Check()) return NULL;
+    return PyEval_SaveThread();
+}
+
+static void delete_versioned(DLManagedTensorVersioned *t)
+{
+    if (!t) return;
+    PyThreadState *ts = release_gil_if_may_wait(t->manager_ctx);
+    atomic_load_explicit(&cubuf_delete_versioned, memory_order_relaxed)(t);
+    if (ts) PyEval_RestoreThread(ts);
+}
+
+static void delete_unversioned(DLManagedTensor *t)
+{
+    if (!t) return;
+    PyThreadState *ts = release_gil_if_may_wait(t->manager_ctx);
+    atomic_load_explicit(&cubuf_delete_unversioned, memory_order_relaxed)(t);
+    if (ts) PyEval_RestoreThread(ts);
+}
+
 static void capsule_versioned_del(PyObject *cap)
 {
     if (!PyCapsule_IsValid(cap, "dltensor_versioned")) return; /* consumed */
     DLManagedTensorVersioned *t = PyCapsule_GetPointer(cap, "dltensor_versioned");
-    if (!t || !t->deleter) return;
-    const bool wait = cubuf__inspect_close_may_wait(t->manager_ctx);
-    PyThreadState *ts = wait ? PyEval_SaveThread() : NULL;
-    t->deleter(t);
-    if (wait) PyEval_RestoreThread(ts);
+    if (t && t->deleter) t->deleter(t);
 }
 
 static void capsule_unversioned_del(PyObject *cap)
 {
     if (!PyCapsule_IsValid(cap, "dltensor")) return;
     DLManagedTensor *t = PyCapsule_GetPointer(cap, "dltensor");
-    if (!t || !t->deleter) return;
-    const bool wait = cubuf__inspect_close_may_wait(t->manager_ctx); /* as above */
-    PyThreadState *ts = wait ? PyEval_SaveThread() : NULL;
-    t->deleter(t);
-    if (wait) PyEval_RestoreThread(ts);
+    if (t && t->deleter) t->deleter(t);
 }
 
 PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -130,12 +150,18 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
         st = cubuf_buffer_to_dlpack(src, opts, &t);
         if (st == CUBUF_SUCCESS) {
             if (copy) t->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+            atomic_store_explicit(&cubuf_delete_versioned, t->deleter, memory_order_relaxed);
+            t->deleter = delete_versioned;
             if (!(cap = PyCapsule_New(t, "dltensor_versioned", capsule_versioned_del))) t->deleter(t);
         }
     } else {
         DLManagedTensor *t;
         st = cubuf_buffer_to_dlpack_unversioned(src, opts, &t);
-        if (st == CUBUF_SUCCESS && !(cap = PyCapsule_New(t, "dltensor", capsule_unversioned_del))) t->deleter(t);
+        if (st == CUBUF_SUCCESS) {
+            atomic_store_explicit(&cubuf_delete_unversioned, t->deleter, memory_order_relaxed);
+            t->deleter = delete_unversioned;
+            if (!(cap = PyCapsule_New(t, "dltensor", capsule_unversioned_del))) t->deleter(t);
+        }
     }
     cubuf_buffer_release(copied); /* the tensor holds the copy now */
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");

@@ -221,3 +221,33 @@ def test_from_dlpack_view_lets_the_gil_go(end):
                      "del b\n"
                      "fn = gate()\n"
                      + end + "\n")
+
+
+_CONSUME = r'''
+import ctypes
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+def consume(cap, versioned):
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    t = api.PyCapsule_GetPointer(cap, name)
+    api.PyCapsule_SetName(cap, b"used_" + name)
+    off = 16 if versioned else 56  # the deleter: after version and manager_ctx, or after the DLTensor
+    fp = ctypes.c_void_p.from_address(t + off).value
+    # PYFUNCTYPE: the call keeps the GIL, as a consumer's destructor (torch's) does
+    return lambda: ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(fp)(t)
+'''
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_consumer_deleting_a_tensor_with_the_gil_lets_it_go(versioned):
+    # A consumer that deletes a tensor holding the GIL (a torch tensor's destructor)
+    # ran cubuf's deleter with it: with the Buffer gone the release closes the buffer,
+    # which waited for s.
+    mv = (1, 0) if versioned else None
+    _no_gil_deadlock(_CONSUME + "b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)\n"
+                     f"delete = consume(b.__dlpack__(stream=-1, max_version={mv!r}), {versioned})\n"
+                     "del b\n"
+                     "fn = gate()\n"
+                     "delete()\n")
