@@ -553,6 +553,10 @@ static PyObject *Buffer_memory_resource(BufferObject *self, void *c)
 
 static PyObject *Buffer_ipc_descriptor(BufferObject *self, void *c)
 {
+    /* A closed buffer has nothing to share: the cached descriptor names
+     * freed memory (the pool may have handed it out again), and the C call
+     * below refuses it as closed. */
+    if (self->ipc && cubuf_buffer_is_closed(self->buf)) Py_CLEAR(self->ipc);
     if (!self->ipc) {
         if (cbp_buffer_usable(self, "Buffer.ipc_descriptor") < 0) return NULL;
         cubuf_ipc_descriptor_t *d;

@@ -120,3 +120,14 @@ def test_import_in_the_same_process_is_mapped():
         cubuf.Buffer.from_ipc_descriptor(mr, b"x", stream=0)
     with pytest.raises(TypeError, match="stream"):
         cubuf.Buffer.from_ipc_descriptor(mr, b.ipc_descriptor)
+
+
+def test_closed_buffer_has_no_descriptor():
+    # Buffer.ipc_descriptor returned its cached descriptor after close (one of freed
+    # memory), while a buffer closed before the first ask raised
+    mr = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions(ipc_enabled=True))
+    b = mr.allocate(64)
+    assert b.ipc_descriptor is b.ipc_descriptor
+    b.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.ipc_descriptor
