@@ -190,6 +190,13 @@ struct vmm_range {
     CUstream waits;
     CUevent event;
     bool pending;
+    /* Default streams such closes could not record (a capture in their
+     * context): checked, and synchronized unless a capture is still in the
+     * way, by the closes that unmap, until one synchronizes them. A VMM
+     * buffer's default streams are bound to the resource's context: three
+     * at most. */
+    cubuf_stream_token_t held[3];
+    unsigned nheld;
 };
 
 /* The resource's context pushed and the thread's capture mode relaxed: the

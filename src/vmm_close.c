@@ -61,6 +61,18 @@ static cubuf_status_t check_default(vmm_wait_t *w)
 
 /* ---- a close that unmaps nothing -------------------------------------------------- */
 
+/* Keeps a default stream that a capture kept from being recorded, for the
+ * closes that unmap to check (cuda.core: "a default stream is checked when
+ * the range is released instead"). False when there is no room. */
+static bool hold_default(vmm_range_t *r, const cubuf_stream_token_t *t)
+{
+    for (unsigned i = 0; i < r->nheld; i++)
+        if (same_token(&r->held[i], t)) return true;
+    if (r->nheld == sizeof r->held / sizeof r->held[0]) return false;
+    r->held[r->nheld++] = *t;
+    return true;
+}
+
 /* The work queued on the closing buffer's stream so far must end before a
  * later close unmaps this memory, but need not end now, and the stream may
  * be destroyed as soon as the buffer is closed. So: an event recorded on
@@ -72,7 +84,12 @@ static cubuf_status_t defer_wait(const cubuf_resource_t *res, vmm_range_t *r, vm
     CUcontext ctx = t->ctx;
     cubuf_status_t st;
     if (cubuf__stream_is_default(t->stream)) {
-        if ((st = check_default(w)) != CUBUF_SUCCESS || w->skip) return st;
+        if ((st = check_default(w)) != CUBUF_SUCCESS) return st;
+        if (w->captured && hold_default(r, t)) {
+            w->skip = w->captured = false; /* checked again when memory is released */
+            return CUBUF_SUCCESS;
+        }
+        if (w->skip) return st;
     } else if ((st = CU(cuStreamGetCtx, t->stream, &ctx)) != CUBUF_SUCCESS) {
         return st;
     }
@@ -130,6 +147,11 @@ static cubuf_status_t wait_streams(vmm_range_t *r, const vmm_member_t *m,
         for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, t);
         if (!dup) w[k++] = (vmm_wait_t){*t, false, false};
     }
+    for (unsigned h = 0; h < r->nheld; h++) {
+        bool dup = false;
+        for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, &r->held[h]);
+        if (!dup) w[k++] = (vmm_wait_t){r->held[h], false, false};
+    }
     *n = k;
     cubuf_status_t st;
     for (size_t i = 0; i < k; i++) {
@@ -151,6 +173,15 @@ static cubuf_status_t wait_streams(vmm_range_t *r, const vmm_member_t *m,
         if (w[i].skip) continue;
         if ((st = cubuf__stream_sync(&w[i].t)) != CUBUF_SUCCESS) return st;
     }
+    /* Held default streams synchronized now are done with; skipped ones stay. */
+    unsigned keep = 0;
+    for (unsigned h = 0; h < r->nheld; h++) {
+        bool synced = false;
+        for (size_t i = 0; i < k && !synced; i++)
+            synced = same_token(&w[i].t, &r->held[h]) && !w[i].skip;
+        if (!synced) r->held[keep++] = r->held[h];
+    }
+    r->nheld = keep;
     if (r->pending) {
         if ((st = CU(cuStreamSynchronize, r->waits)) != CUBUF_SUCCESS) return st;
         r->pending = false;
@@ -246,8 +277,8 @@ static cubuf_status_t close_member(cubuf_resource_t *res, vmm_member_t *m,
         s->maps[m->count - 1].ends--;
         s->buffers--;
     } else {
-        if (r->nmembers > sizeof small / sizeof small[0] &&
-            !(w = cubuf__malloc(r->nmembers * sizeof *w))) {
+        size_t cap = r->nmembers + r->nheld;
+        if (cap > sizeof small / sizeof small[0] && !(w = cubuf__malloc(cap * sizeof *w))) {
             st = cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
             w = small;
             goto out;

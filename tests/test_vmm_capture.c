@@ -6,9 +6,13 @@
  *  - a legacy default stream that would disturb a capture of a blocking
  *    stream in the same context is not synchronized: the warning handler
  *    hears about it, the memory is released, and the capture still ends
- *    successfully and its graph runs. */
+ *    successfully and its graph runs;
+ *  - a close that unmaps nothing, on a legacy default stream a capture keeps
+ *    it from recording, warns of nothing: the close that later releases the
+ *    memory checks that stream and, the capture over, synchronizes it. */
 #include <stdint.h>
 
+#include "fault.h"
 #include "test.h"
 #include "vmm_test.h"
 #include "vmm.h"
@@ -177,6 +181,46 @@ static void test_legacy_during_capture(cubuf_resource_t *res, CUdeviceptr scratc
     T_CU(cuStreamDestroy, blocking);
 }
 
+/* The old buffer of a grow in place closes on the legacy stream while a
+ * blocking stream captures: nothing is unmapped and the legacy stream cannot
+ * be recorded. The page: "a default stream is checked when the range is
+ * released instead", so no warning now, and the release (the capture over)
+ * synchronizes the legacy stream besides the grown buffer's own stream. */
+static void test_legacy_checked_at_release(cubuf_resource_t *res, CUdeviceptr scratch)
+{
+    size_t base_bytes = stats_of(res).current_bytes;
+    CUstream blocking, s2;
+    T_CU(cuStreamCreate, &blocking, CU_STREAM_DEFAULT);
+    T_CU(cuStreamCreate, &s2, CU_STREAM_NON_BLOCKING);
+    cubuf_buffer_t *b = NULL, *g = NULL;
+    T_REQUIRE(cubuf_resource_allocate(res, g_gran, CU_STREAM_LEGACY, &b));
+    T_REQUIRE(cubuf_vmm_modify_allocation(res, b, 2 * g_gran, NULL, &g));
+    T_CHECK(cubuf_buffer_ptr(g) == cubuf_buffer_ptr(b));
+    T_OK(cubuf_buffer_set_deallocation_stream(g, s2));
+
+    int w0 = g_warnings;
+    begin(blocking);
+    capture_work(blocking, scratch);
+    T_OK(cubuf_buffer_close(b)); /* unmaps nothing: g maps it all */
+    T_CHECK(g_warnings == w0);
+    if (g_warnings != w0) fprintf(stderr, "warned at the close that unmapped nothing: %s\n", g_warn_msg);
+    end_and_run(blocking, scratch);
+
+    cubuf_fault_count_calls(true);
+    T_OK(cubuf_buffer_close(g));
+    unsigned long syncs = cubuf_fault_calls("cuStreamSynchronize");
+    cubuf_fault_count_calls(false);
+    /* s2 and the legacy stream b recorded. */
+    T_CHECK(syncs == 2);
+    if (syncs != 2) fprintf(stderr, "the release synchronized %lu streams, not 2\n", syncs);
+    T_CHECK(g_warnings == w0);
+    cubuf_buffer_release(b);
+    cubuf_buffer_release(g);
+    T_CHECK(stats_of(res).current_bytes == base_bytes);
+    T_CU(cuStreamDestroy, s2);
+    T_CU(cuStreamDestroy, blocking);
+}
+
 int main(void)
 {
     cubuf_context_t *ctx = NULL;
@@ -191,6 +235,7 @@ int main(void)
     test_other_alias_stream(res, scratch);
     test_legacy_during_capture(res, scratch, false);
     test_legacy_during_capture(res, scratch, true);
+    test_legacy_checked_at_release(res, scratch);
 
     T_CU(cuMemFree, scratch);
     cubuf_set_warning_handler(NULL, NULL);

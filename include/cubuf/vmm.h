@@ -44,7 +44,11 @@
  *    would disturb a capture in its context is neither synchronized nor
  *    recorded: the warning handler receives CUBUF_ERROR_STREAM_CAPTURING
  *    with a message, and the memory is unmapped without waiting for the
- *    work on that stream.
+ *    work on that stream. A default stream is checked when memory is
+ *    released: a close that unmaps nothing and cannot record its default
+ *    stream warns of nothing and leaves it to the closes that later unmap,
+ *    each of which synchronizes it if no capture is in the way by then
+ *    (else warns, as above), until one has.
  *  - Unmapping runs with the calling thread's capture mode relaxed, so that a
  *    capture in progress elsewhere in the process is not invalidated by it.
  *  - A failed close leaves the buffer open and its data intact: every
