@@ -290,14 +290,13 @@ static void keep_block(caching_t *c, cstream_t *t, unsigned k, CUdeviceptr p, co
 /* Gives cached blocks back to the upstream until at most `keep` cached
  * bytes remain, only those of `only` when it is not NULL, each ordered on
  * its stream (another thread's per-thread stream's on the legacy stream,
- * after a context synchronization); `sync` then synchronizes each stream
+ * which waits for it); `sync` then synchronizes each stream
  * that gave blocks back, the legacy stream for those.
  * Returns the first failure; what could not go stays cached. */
 static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t *only)
 {
     cubuf_status_t first = CUBUF_SUCCESS;
     const uint64_t me = thread_key();
-    bool ctx_synced = false;
     pthread_mutex_lock(&c->mutex);
     size_t cached = 0;
     for (cstream_t *t = c->streams; t; t = t->next) {
@@ -313,18 +312,12 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
         if (!holds) continue;
         CUstream on = t->stream;
         const bool foreign = t->thread_key && t->thread_key != me;
-        if (foreign && c->device) {
-            /* no thread but its own can name that stream: wait for everything */
-            if (!ctx_synced) {
-                cubuf_status_t st = CU(cuCtxSynchronize);
-                if (st != CUBUF_SUCCESS) {
-                    if (first == CUBUF_SUCCESS) first = st;
-                    continue;
-                }
-                ctx_synced = true;
-            }
-            on = CU_STREAM_LEGACY;
-        }
+        /* No thread but its own can name that stream. The legacy stream
+         * waits for every blocking stream of the context, per-thread
+         * default streams included, so frees ordered there come after its
+         * work; a cuCtxSynchronize would invalidate any capture in the
+         * context, on streams the cache never saw too. */
+        if (foreign && c->device) on = CU_STREAM_LEGACY;
         CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
         if (c->device && cubuf__stream_capture_status(on, NULL, &cst) == CUBUF_SUCCESS &&
             cst != CU_STREAM_CAPTURE_STATUS_NONE) {

@@ -362,8 +362,8 @@ static void test_oom_trim(void)
 }
 
 /* Blocks cached on another thread's per-thread stream, which only that
- * thread can name: release-and-retry frees them on the legacy stream after
- * a context synchronization, then synchronizes the legacy stream so that
+ * thread can name: release-and-retry frees them on the legacy stream (which
+ * waits for that stream), then synchronizes the legacy stream so that
  * the frees have run before the retry (on another stream, which could not
  * take memory whose free is still pending). */
 typedef struct per_thread_fill {
@@ -430,6 +430,60 @@ static void test_oom_foreign_per_thread(void)
     T_CU(cuStreamDestroy, s);
     cubuf_resource_release(c);
     cubuf_resource_release(pool);
+}
+
+/* A trim and the resource's end while a stream the cache never saw
+ * captures, with blocks cached on another thread's per-thread stream whose
+ * last use is still held back by a gate: the frees go on the legacy stream,
+ * ordered after that use, with no context synchronization (which would
+ * invalidate the capture, and wait for the gate). */
+typedef struct gated_fill {
+    cubuf_resource_t *c;
+    CUdeviceptr p;
+    bool ok;
+} gated_fill_t;
+
+static void *gated_per_thread(void *arg)
+{
+    gated_fill_t *f = arg;
+    f->ok = cubuf__drv.cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS &&
+            cubuf_caching_allocate(f->c, 4096, CU_STREAM_PER_THREAD, &f->p) == CUBUF_SUCCESS &&
+            cubuf__drv.cuLaunchHostFunc(CU_STREAM_PER_THREAD, gate_fn, NULL) == CUDA_SUCCESS &&
+            cubuf__drv.cuMemsetD32Async(f->p, 0x5a5a5a5au, 1024, CU_STREAM_PER_THREAD) ==
+                CUDA_SUCCESS &&
+            cubuf_caching_deallocate(f->c, f->p, 4096, CU_STREAM_PER_THREAD) == CUBUF_SUCCESS;
+    return NULL;
+}
+
+static void test_foreign_per_thread_while_capturing(void)
+{
+    for (int end = 0; end < 2; end++) {
+        cubuf_resource_t *pool = private_pool(0), *c = NULL;
+        T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
+        atomic_store(&g_gate, 0);
+        gated_fill_t f = {c, 0, false};
+        pthread_t th;
+        T_CHECK(pthread_create(&th, NULL, gated_per_thread, &f) == 0);
+        pthread_join(th, NULL);
+        T_CHECK(f.ok && cstats(c).cached_count == 1);
+        CUstream s = new_stream(); /* non-blocking: the legacy stream does not wait for it */
+        T_CU(cuStreamBeginCapture, s, CU_STREAM_CAPTURE_MODE_RELAXED);
+        if (end) {
+            cubuf_resource_release(c); /* its end gives the block back */
+        } else {
+            T_OK(cubuf_caching_trim(c, 0));
+            T_CHECK(cstats(c).cached_count == 0);
+        }
+        T_CHECK(cubuf__drv.cuStreamQuery(CU_STREAM_LEGACY) == CUDA_ERROR_NOT_READY); /* behind the gate */
+        end_capture_ok(s);
+        atomic_store(&g_gate, 1);
+        T_CU(cuStreamSynchronize, CU_STREAM_LEGACY);
+        cubuf_resource_stats_t ps = pool_stats(pool);
+        T_CHECK(ps.pool_used_current == 0 && ps.current_count == 0);
+        if (!end) cubuf_resource_release(c);
+        T_CU(cuStreamDestroy, s);
+        cubuf_resource_release(pool);
+    }
 }
 
 /* ---- every driver call fails once ---- */
@@ -615,6 +669,7 @@ int main(void)
     test_trim_while_capturing();
     test_oom_trim();
     test_oom_foreign_per_thread();
+    test_foreign_per_thread_while_capturing();
     test_faults();
     test_threads();
     test_framework();

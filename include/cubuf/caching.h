@@ -56,8 +56,10 @@
  *    is cached on. Before destroying a stream that deallocated into the
  *    cache, call cubuf_caching_forget_stream (the driver may give a new
  *    stream the same handle). Blocks on another thread's per-thread
- *    default stream are given back after one cuCtxSynchronize in the
- *    caller's current context, ordered on the legacy stream.
+ *    default stream are given back ordered on the legacy stream of the
+ *    caller's current context (which waits for every per-thread default
+ *    stream of the context; no synchronization, so no capture in the
+ *    context is broken).
  *  - Thread safety: every function is thread-safe. Each stream has its own
  *    small lock, and each thread remembers the streams it used, so callers
  *    on different streams share no lock on a hit or a free; misses, trims
@@ -159,8 +161,8 @@ CUBUF_API cubuf_status_t cubuf_caching_deallocate(cubuf_resource_t *res, CUdevic
 /**
  * Gives cached blocks back to the upstream until at most `bytes_to_keep`
  * cached bytes remain (0: all), each ordered on the stream it is cached on
- * (no host synchronization, except one cuCtxSynchronize for blocks of other
- * threads' per-thread default streams). The upstream may keep the memory
+ * (the legacy stream for blocks of other threads' per-thread default
+ * streams; no host synchronization). The upstream may keep the memory
  * in turn (a pool's own cache: cubuf_resource_trim of the upstream gives it
  * to the system). Blocks cached on a stream that is capturing stay cached
  * (their frees would be nodes of the capture), as they do where the
