@@ -62,6 +62,7 @@ typedef struct caching {
     CUevent event; /* the cross-stream ordering; used under mutex */
     atomic_size_t held, peak_held, large_live, large_count;
     atomic_uint_least64_t up_allocs, up_deallocs, oom_retries;
+    atomic_uint_least64_t large_misses; /* requests above max_cached: misses of no stream */
 } caching_t;
 
 typedef struct tls_slot {
@@ -267,6 +268,7 @@ static void snapshot_locked(caching_t *c, snapshot_t *s)
     s->live = (size_t)live + large;
     s->requested = (size_t)req + large;
     s->live_count = (size_t)lc + atomic_load(&c->large_count);
+    s->misses += atomic_load(&c->large_misses);
 }
 
 /* Caches again on t a block of class k popped from it that could not go
@@ -429,6 +431,7 @@ static bool steal(caching_t *c, cstream_t *cs, unsigned k, CUstream stream, uint
 
 static cubuf_status_t large_alloc(caching_t *c, size_t size, CUstream stream, CUdeviceptr *ptr)
 {
+    atomic_fetch_add(&c->large_misses, 1); /* served or refused by the upstream */
     cubuf_status_t st = up_alloc(c, size, stream, ptr);
     if (st == CUBUF_ERROR_OUT_OF_MEMORY && !capturing(c, stream))
         st = release_and_retry(c, size, size, stream, ptr);

@@ -278,6 +278,7 @@ static void test_cross_stream_and_large(void)
     T_CHECK(u.last_alloc_size == (64 << 10) + 1 && u.allocs == 3);
     s = stats_of(c);
     T_CHECK(s.live_bytes == (64 << 10) + 1 && s.live_count == 1 && s.internal_waste_bytes == 0);
+    T_CHECK(s.misses == 3 && s.upstream_allocations == 3); /* the upstream served it: a miss */
     T_OK(cubuf_caching_deallocate(c, l, (64 << 10) + 1, S1));
     T_CHECK(u.deallocs == 1 && u.last_dealloc_size == (64 << 10) + 1);
     s = stats_of(c);
