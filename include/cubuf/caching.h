@@ -58,8 +58,10 @@
  *    stream the same handle). Blocks on another thread's per-thread
  *    default stream are given back ordered on the legacy stream of the
  *    caller's current context (which waits for every per-thread default
- *    stream of the context; no synchronization, so no capture in the
- *    context is broken).
+ *    stream of the context; no synchronization, so a capture on a
+ *    non-blocking stream is not broken. While a blocking stream captures,
+ *    the driver refuses work on the legacy stream: those blocks stay
+ *    cached and the call reports the driver's failure).
  *  - Thread safety: every function is thread-safe. Each stream has its own
  *    small lock, and each thread remembers the streams it used, so callers
  *    on different streams share no lock on a hit or a free; misses, trims
