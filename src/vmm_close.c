@@ -134,24 +134,23 @@ fail:
  * stream, those of the other open buffers of the range (read under the
  * range lock, where cubuf__vmm_set_token writes them), and the range's
  * waits stream. Any failure leaves the close undone. */
+/* Adds t to w[0, *k) unless it is there already. */
+static void add_wait(vmm_wait_t *w, size_t *k, const cubuf_stream_token_t *t)
+{
+    for (size_t i = 0; i < *k; i++)
+        if (same_token(&w[i].t, t)) return;
+    w[(*k)++] = (vmm_wait_t){*t, false, false};
+}
+
 static cubuf_status_t wait_streams(vmm_range_t *r, const vmm_member_t *m,
                                    const cubuf_stream_token_t *token, vmm_wait_t *w, size_t *n,
                                    const char *what)
 {
     size_t k = 0;
     w[k++] = (vmm_wait_t){*token, false, false};
-    for (const vmm_member_t *o = r->members; o; o = o->next) {
-        if (o == m) continue;
-        const cubuf_stream_token_t *t = &o->buf->dealloc;
-        bool dup = false;
-        for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, t);
-        if (!dup) w[k++] = (vmm_wait_t){*t, false, false};
-    }
-    for (unsigned h = 0; h < r->nheld; h++) {
-        bool dup = false;
-        for (size_t i = 0; i < k && !dup; i++) dup = same_token(&w[i].t, &r->held[h]);
-        if (!dup) w[k++] = (vmm_wait_t){r->held[h], false, false};
-    }
+    for (const vmm_member_t *o = r->members; o; o = o->next)
+        if (o != m) add_wait(w, &k, &o->buf->dealloc);
+    for (unsigned h = 0; h < r->nheld; h++) add_wait(w, &k, &r->held[h]);
     *n = k;
     cubuf_status_t st;
     for (size_t i = 0; i < k; i++) {
