@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "cubuf/caching.h"
 #include "test.h"
@@ -99,12 +100,23 @@ static void test_one_stream(void)
 
 /* ---- across streams ---- */
 
-static atomic_int g_gate;
+static atomic_int g_gate, g_gate_expired, g_gate_deadline_s = 20;
 
+/* Waits for the flag, for g_gate_deadline_s at most: a test whose gate never
+ * opens fails (g_gate_expired) instead of hanging. */
 static void CUDA_CB gate_fn(void *arg)
 {
     (void)arg;
-    while (!atomic_load(&g_gate)) sched_yield();
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!atomic_load(&g_gate)) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec >= atomic_load(&g_gate_deadline_s)) {
+            atomic_store(&g_gate_expired, 1);
+            return;
+        }
+        sched_yield();
+    }
 }
 
 /* Holds stream `a` back until open_gate: a host function on `g` that waits
@@ -436,7 +448,13 @@ static void test_oom_foreign_per_thread(void)
  * captures, with blocks cached on another thread's per-thread stream whose
  * last use is still held back by a gate: the frees go on the legacy stream,
  * ordered after that use, with no context synchronization (which would
- * invalidate the capture, and wait for the gate). */
+ * invalidate the capture, and wait for the gate).
+ *
+ * compute-sanitizer's memcheck makes a stream-ordered free wait for the
+ * stream's work (on the H200 the trim returned only when the gate gave up),
+ * so under it (CUBUF_TEST_SANITIZER=1, which tools/gpu_suite.sh sets) the
+ * gate gives up after 2 s and the legacy stream may be done by then; the
+ * capture and the pool's totals are checked all the same. */
 typedef struct gated_fill {
     cubuf_resource_t *c;
     CUdeviceptr p;
@@ -457,6 +475,9 @@ static void *gated_per_thread(void *arg)
 
 static void test_foreign_per_thread_while_capturing(void)
 {
+    const char *san = getenv("CUBUF_TEST_SANITIZER");
+    bool sanitizer = san && *san && strcmp(san, "0") != 0;
+    if (sanitizer) atomic_store(&g_gate_deadline_s, 2);
     for (int end = 0; end < 2; end++) {
         cubuf_resource_t *pool = private_pool(0), *c = NULL;
         T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
@@ -474,7 +495,9 @@ static void test_foreign_per_thread_while_capturing(void)
             T_OK(cubuf_caching_trim(c, 0));
             T_CHECK(cstats(c).cached_count == 0);
         }
-        T_CHECK(cubuf__drv.cuStreamQuery(CU_STREAM_LEGACY) == CUDA_ERROR_NOT_READY); /* behind the gate */
+        CUresult q = cubuf__drv.cuStreamQuery(CU_STREAM_LEGACY);
+        bool gave_up = atomic_exchange(&g_gate_expired, 0);
+        T_CHECK(q == CUDA_ERROR_NOT_READY || (sanitizer && gave_up)); /* behind the gate */
         end_capture_ok(s);
         atomic_store(&g_gate, 1);
         T_CU(cuStreamSynchronize, CU_STREAM_LEGACY);
@@ -484,6 +507,7 @@ static void test_foreign_per_thread_while_capturing(void)
         T_CU(cuStreamDestroy, s);
         cubuf_resource_release(pool);
     }
+    atomic_store(&g_gate_deadline_s, 20);
 }
 
 /* ---- every driver call fails once ---- */
@@ -673,6 +697,7 @@ int main(void)
     test_faults();
     test_threads();
     test_framework();
+    T_CHECK(!atomic_load(&g_gate_expired)); /* every gate opened by its test */
     T_CU(cuCtxSetCurrent, NULL);
     cubuf_context_destroy(ctx);
     return t_finish("test_caching_gpu");

@@ -358,9 +358,10 @@ CUresult td_cuMemMap(CUdeviceptr_v2 ptr, size_t size, size_t offset, CUmemGeneri
 {
     CUresult r = td_check_init();
     if (r != CUDA_SUCCESS) return r;
-    /* cuda.h: the offset into the allocation "currently must be zero". */
-    if (!ptr || size == 0 || !aligned(ptr) || !aligned(size) || offset != 0 || flags)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || size == 0 || !aligned(ptr) || !aligned(size) || flags) return CUDA_ERROR_INVALID_VALUE;
+    /* cuda.h: the offset into the allocation "currently must be zero"; the
+     * H200's driver 580 answers a granule-aligned one with NOT_SUPPORTED. */
+    if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     phys_t *p = phys_of_locked(handle);
     mapping_t *m = NULL;
