@@ -141,6 +141,7 @@ typedef struct vmm_phys {
     size_t size;
     unsigned maps;   /* live mappings of it, over all spaces */
     unsigned access; /* index into the range's access profiles */
+    bool lost;       /* a forgotten space maps it: it stays counted when released */
 } vmm_phys_t;
 
 typedef struct vmm_mapping {

@@ -216,8 +216,10 @@ static void release_span(vmm_space_t *s, size_t lo, size_t hi, bool dies, cubuf_
         vmm_phys_t *p = s->maps[i].phys;
         if (--p->maps > 0) continue;
         cubuf__vmm_release_quiet(p->handle, p->size);
-        released->bytes += p->size;
-        released->count++;
+        if (!p->lost) {
+            released->bytes += p->size;
+            released->count++;
+        }
         free(p);
     }
     if (!dies) return;
@@ -308,27 +310,43 @@ out:;
     return CUBUF_SUCCESS;
 }
 
+/* A space whose last buffer is forgotten: its mappings and reservations
+ * stay, since nothing can wait for that buffer's stream now (the memory is
+ * lost, as cubuf_buffer_release warns, and stays counted). Its physical
+ * allocations no other space maps are released now, the others when that
+ * space releases them (the driver frees the memory only when its mappings
+ * go), and its bookkeeping is freed. Runs under the range's lock. */
+static void forget_space(vmm_space_t *s)
+{
+    for (size_t i = 0; i < s->nmaps; i++) {
+        vmm_phys_t *p = s->maps[i].phys;
+        p->lost = true;
+        if (--p->maps > 0) continue;
+        cubuf__vmm_release_quiet(p->handle, p->size);
+        free(p);
+    }
+    cubuf__vmm_space_free(s);
+}
+
 /* The last reference of a buffer whose close failed is going away
  * (cubuf_buffer_release warns that its memory is lost): its membership must
  * not outlive it. Mappings other buffers cover are theirs to release; a
- * space only it held keeps its mappings, since nothing can wait for its
- * stream now. */
+ * space only it held is forgotten (forget_space). */
 static void forget_member(cubuf_resource_t *res, vmm_member_t *m)
 {
     vmm_range_t *r = m->range;
     vmm_space_t *s = m->space;
+    vmm_guard_t g;
+    bool entered = cubuf__vmm_guard_enter(res, &g) == CUBUF_SUCCESS;
     pthread_mutex_lock(&r->lock);
     if (--s->buffers > 0) s->maps[m->count - 1].ends--;
+    else forget_space(s);
     cubuf__vmm_range_unlink(r, m);
     bool last = r->nmembers == 0;
     pthread_mutex_unlock(&r->lock);
-    if (last) {
-        vmm_guard_t g;
-        bool entered = cubuf__vmm_guard_enter(res, &g) == CUBUF_SUCCESS;
-        drop_waits(r);
-        if (entered) cubuf__vmm_guard_exit(&g);
-        cubuf__vmm_range_free(r);
-    }
+    if (last) drop_waits(r);
+    if (entered) cubuf__vmm_guard_exit(&g);
+    if (last) cubuf__vmm_range_free(r);
     free(m);
 }
 

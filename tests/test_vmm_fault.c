@@ -356,6 +356,106 @@ static void fault_close(close_kind_t kind)
     T_CU(cuStreamDestroy, s2);
 }
 
+/* ---- a last release that cannot close ---------------------------------------------- */
+
+static int g_lost_warnings;
+
+static void on_lost(cubuf_status_t st, const char *msg, void *user)
+{
+    (void)st;
+    (void)msg;
+    (void)user;
+    g_lost_warnings++;
+}
+
+typedef enum lost_kind { LOST_ALONE, LOST_GROWN_IN_PLACE, LOST_GROWN_BY_MOVING } lost_kind_t;
+
+/* The last release of a buffer whose close fails (its unmap, injected): the
+ * warning handler is told and the memory stays mapped, data intact (vmm.h),
+ * but nothing else is kept: the physical allocations only its space maps
+ * are released (the driver frees them once the mappings go, here by the
+ * test), cubuf's bookkeeping is freed (the ASan build's leak check), and the
+ * lost memory stays counted. Then the test unmaps and frees what was lost by
+ * hand: every driver object is back. In place, the buffer grown from closes
+ * first (the lost space maps both parts); by moving, the grown buffer, which
+ * maps b's allocation too, closes after the loss, and that allocation stays
+ * counted. Its own resource: the loss stays in its statistics. */
+static void lost_release(lost_kind_t kind)
+{
+    cubuf_resource_t *res = NULL;
+    T_REQUIRE(cubuf_vmm_resource_create(0, NULL, &res));
+    t_held_t h0 = t_held();
+    cubuf_vmm_live_t l0;
+    cubuf__vmm_live(&l0);
+    cubuf_buffer_t *b = NULL, *g = NULL;
+    T_REQUIRE(cubuf_resource_allocate(res, SIZE, 0, &b));
+    write_pattern(cubuf_buffer_ptr(b), SIZE, 0, 7);
+    if (kind == LOST_GROWN_IN_PLACE) {
+        T_REQUIRE(cubuf_vmm_modify_allocation(res, b, 3 * SIZE, NULL, &g));
+        T_OK(cubuf_buffer_close(b));
+        cubuf_buffer_release(b);
+        b = g; /* its space maps b's allocation and the grown part */
+        g = NULL;
+    } else if (kind == LOST_GROWN_BY_MOVING) {
+        cubuf_buffer_t *x = NULL; /* maps the addresses after b: the grow moves */
+        T_REQUIRE(cubuf_vmm_modify_allocation(res, b, 2 * SIZE, NULL, &x));
+        T_REQUIRE(cubuf_vmm_modify_allocation(res, b, 3 * SIZE, NULL, &g));
+        T_CHECK(cubuf_buffer_ptr(g) != cubuf_buffer_ptr(b));
+        T_OK(cubuf_buffer_close(x)); /* unmaps x's part: b's space maps b's allocation only */
+        cubuf_buffer_release(x);
+    }
+    /* b is the buffer lost; g (by moving) the one grown from it. */
+    CUdeviceptr p = cubuf_buffer_ptr(b), start = 0;
+    size_t n = cubuf_buffer_size(b), reserved = 0;
+    T_CU(cuPointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    T_CU(cuPointerGetAttribute, &reserved, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+    cubuf_resource_stats_t s0 = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(res, &s0));
+
+    g_lost_warnings = 0;
+    cubuf_set_warning_handler(on_lost, NULL);
+    T_CHECK(cubuf_fault_fail_nth("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    cubuf_buffer_release(b);
+    bool fired = cubuf_fault_fired();
+    cubuf_fault_reset();
+    cubuf_set_warning_handler(on_warning, NULL);
+    T_CHECK(fired && g_lost_warnings == 1);
+
+    cubuf_vmm_live_t l1;
+    cubuf__vmm_live(&l1);
+    long maps = kind == LOST_GROWN_IN_PLACE ? 2 : 1; /* the lost space's mappings */
+    long g_maps = l1.mappings - l0.mappings - maps;  /* g's space's: b's allocation and more */
+    T_CHECK(g ? g_maps >= 2 : g_maps == 0);
+    /* Only g's space holds allocations now: those it maps. */
+    T_CHECK(l1.allocations == l0.allocations + g_maps);
+    T_CHECK(check_pattern(p, SIZE, 0, 7)); /* still mapped, intact */
+    if (g) {
+        T_CHECK(check_pattern(cubuf_buffer_ptr(g), SIZE, 0, 7));
+        T_OK(cubuf_buffer_close(g));
+        cubuf_buffer_release(g);
+        cubuf__vmm_live(&l1);
+        T_CHECK(l1.allocations == l0.allocations && l1.mappings == l0.mappings + maps);
+    }
+    /* The lost memory stays counted: b's allocation (and, in place, the grown part). */
+    cubuf_resource_stats_t s1 = CUBUF_RESOURCE_STATS_INIT;
+    T_OK(cubuf_resource_stats(res, &s1));
+    T_CHECK(s1.current_bytes == (kind == LOST_GROWN_IN_PLACE ? 3 * SIZE : SIZE));
+    T_CHECK(s1.current_bytes <= s0.current_bytes);
+
+    /* What was lost, given back by hand: the mappings, then the reservation. */
+    for (CUdeviceptr at = p; at < p + n;) {
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        T_CU(cuMemGetAddressRange, &base, &size, at);
+        if (size == 0) break;
+        T_CU(cuMemUnmap, base, size);
+        at = base + size;
+    }
+    T_CU(cuMemAddressFree, start, reserved);
+    T_HELD_BACK(h0, "a lost last release, given back by hand");
+    cubuf_resource_release(res);
+}
+
 int main(void)
 {
     cubuf_context_t *ctx = NULL;
@@ -382,6 +482,9 @@ int main(void)
 
     snap_t s1 = snap();
     T_CHECK(same(&s0, &s1, "the whole test", 0, "-"));
+    lost_release(LOST_ALONE);
+    lost_release(LOST_GROWN_IN_PLACE);
+    lost_release(LOST_GROWN_BY_MOVING);
     T_CHECK(g_warnings == 0);
     cubuf_set_warning_handler(NULL, NULL);
     cubuf_resource_release(g_res);

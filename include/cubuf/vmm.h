@@ -61,7 +61,10 @@
  *    and what it maps is lost: memory only it mapped, and memory a buffer
  *    grown from it by moving maps too (which stays allocated, and counted,
  *    after that buffer closes). Where the buffers share one space (a grow in
- *    place), the memory is freed when the last of them closes.
+ *    place), the memory is freed when the last of them closes. Nothing else
+ *    is kept: cubuf frees its bookkeeping of the lost space and releases the
+ *    physical allocations' handles once no other space maps them (the
+ *    driver frees such memory when its mappings go, which cubuf never does).
  *
  * Statistics (cubuf_resource_stats) count physical memory, which aliases
  * share: current_bytes is the size of the live physical allocations,
