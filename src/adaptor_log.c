@@ -459,10 +459,22 @@ static cubuf_status_t write_failed(void)
     return cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
 }
 
+/* The adaptor whose line callback this thread is in, for the flush that
+ * callback may ask for (it would wait for the output lock it runs under). */
+static _Thread_local const log_adaptor_t *tls_in_callback;
+
+static void call_back(log_adaptor_t *l, const char *line)
+{
+    const log_adaptor_t *outer = tls_in_callback;
+    tls_in_callback = l;
+    l->callback(l->user, line);
+    tls_in_callback = outer;
+}
+
 static cubuf_status_t emit(log_adaptor_t *l, const char *line)
 {
     if (l->callback) {
-        l->callback(l->user, line);
+        call_back(l, line);
         return CUBUF_SUCCESS;
     }
     if (fputs(line, l->file) < 0 || fputc('\n', l->file) < 0) return write_failed();
@@ -478,7 +490,7 @@ static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size
     for (size_t i = 0; i < n; i++) {
         if (l->callback) {
             *format_event(out, &ev[i], &l->cache) = '\0';
-            l->callback(l->user, out);
+            call_back(l, out);
             continue;
         }
         char *end = format_event(out + used, &ev[i], &l->cache);
@@ -664,5 +676,8 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
 cubuf_status_t cubuf_log_adaptor_flush(cubuf_resource_t *res)
 {
     CHECK_ARG(res && res->vt == &log_vtbl, "cubuf_log_adaptor_flush: not a logging adaptor");
+    if (tls_in_callback == res->impl)
+        return cubuf__fail(CUBUF_ERROR_BUSY, "cubuf_log_adaptor_flush: called from the adaptor's own "
+                                             "line callback, while it writes");
     return flush(res->impl);
 }

@@ -472,6 +472,53 @@ static void test_log_callback(void)
     cubuf_resource_release(up);
 }
 
+/* A line callback that flushes its own adaptor: told CUBUF_ERROR_BUSY (the
+ * flush would wait for the lock the write holds), on the writer thread and
+ * on a thread whose flush writes; another adaptor's flush from it works. */
+typedef struct reentrant {
+    cubuf_resource_t *self, *other;
+    int calls, busy, other_ok;
+} reentrant_t;
+
+static void flush_self(void *user, const char *line)
+{
+    (void)line;
+    reentrant_t *r = user;
+    r->calls++;
+    if (!r->self) return; /* the header line, written before the adaptor is returned */
+    if (cubuf_log_adaptor_flush(r->self) == CUBUF_ERROR_BUSY) r->busy++;
+    if (r->other && cubuf_log_adaptor_flush(r->other) == CUBUF_SUCCESS) r->other_ok++;
+}
+
+static void test_log_callback_flush(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h);
+    lines_t got = LINES_INIT;
+    cubuf_resource_t *other = collecting_log(up, &got);
+    reentrant_t r = {NULL, other, 0, 0, 0};
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.callback = flush_self;
+    o.user = &r;
+    cubuf_resource_t *lg = NULL;
+    T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+    r.self = lg;
+    CUdeviceptr p = 0;
+    T_OK(cubuf_resource_allocate_raw(lg, 64, NULL, &p));
+    T_OK(cubuf_resource_deallocate_raw(lg, p, 64, NULL));
+    T_OK(cubuf_log_adaptor_flush(lg)); /* the events, written by this thread or the writer */
+    T_CHECK(r.calls == 3 && r.busy == 2 && r.other_ok == 2);
+    T_OK(cubuf_resource_allocate_raw(lg, 64, NULL, &p));
+    r.other = NULL;
+    cubuf_resource_release(other); /* lg's last flush below flushes no other */
+    cubuf_resource_release(lg);    /* the allocation left is lg's upstream's: freed below */
+    T_CHECK(r.calls == 4 && r.busy == 3);
+    T_OK(cubuf_resource_deallocate_raw(up, p, 64, NULL));
+    T_CHECK(h.live == 0);
+    lines_free(&got);
+    cubuf_resource_release(up);
+}
+
 /* A writer slower than the program: a thread whose ring is full waits for
  * it, so the events made and not yet written never pass the ring's 2048
  * (the log's memory stays bounded), and every event still reaches the
@@ -1550,6 +1597,7 @@ int main(void)
     test_limit();
     test_limit_threads();
     test_log_callback();
+    test_log_callback_flush();
     test_log_backpressure();
     test_log_file();
     test_log_fork_thread_id();

@@ -139,9 +139,10 @@ CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, 
  *  thread, or on the thread whose flush (cubuf_log_adaptor_flush, the last
  *  release, an event whose thread's ring is full while nobody writes, or
  *  one that finds no memory for a ring) writes it, one call at a time. It
- *  must not allocate from or free to the same logging adaptor, nor wait
- *  for anything a thread allocating through it may hold (a full ring makes
- *  that thread wait for the writes). */
+ *  must not allocate from or free to the same logging adaptor, release a
+ *  reference to it, nor wait for anything a thread allocating through it
+ *  may hold (a full ring makes that thread wait for the writes). A flush of
+ *  the same adaptor from it returns CUBUF_ERROR_BUSY and writes nothing. */
 typedef void (*cubuf_log_line_fn)(void *user, const char *line);
 
 /** Options of a logging adaptor. Initialize with CUBUF_LOG_OPTIONS_INIT. */
@@ -200,6 +201,7 @@ CUBUF_API cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream,
 /**
  * Writes the events kept so far and flushes the file.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not a logging adaptor),
+ * CUBUF_ERROR_BUSY (called from the adaptor's own line callback),
  * CUBUF_ERROR_SYSTEM (a write failed; the events are dropped).
  */
 CUBUF_API cubuf_status_t cubuf_log_adaptor_flush(cubuf_resource_t *res);
