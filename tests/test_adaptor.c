@@ -473,21 +473,24 @@ static void test_log_callback(void)
 }
 
 /* A line callback that flushes its own adaptor: told CUBUF_ERROR_BUSY (the
- * flush would wait for the lock the write holds), on the writer thread and
- * on a thread whose flush writes; another adaptor's flush from it works. */
+ * flush would wait for the lock the write holds), on the writer thread
+ * (waited for, no flush asked), on a thread whose flush writes and at the
+ * last release; another adaptor's flush from it works. */
 typedef struct reentrant {
-    cubuf_resource_t *self, *other;
-    int calls, busy, other_ok;
+    _Atomic(cubuf_resource_t *) self, other;
+    atomic_int calls, busy, other_ok, off_main;
+    pthread_t main;
 } reentrant_t;
 
 static void flush_self(void *user, const char *line)
 {
     (void)line;
     reentrant_t *r = user;
-    r->calls++;
-    if (!r->self) return; /* the header line, written before the adaptor is returned */
-    if (cubuf_log_adaptor_flush(r->self) == CUBUF_ERROR_BUSY) r->busy++;
-    if (r->other && cubuf_log_adaptor_flush(r->other) == CUBUF_SUCCESS) r->other_ok++;
+    cubuf_resource_t *self = atomic_load(&r->self), *other = atomic_load(&r->other);
+    if (self && cubuf_log_adaptor_flush(self) == CUBUF_ERROR_BUSY) atomic_fetch_add(&r->busy, 1);
+    if (other && cubuf_log_adaptor_flush(other) == CUBUF_SUCCESS) atomic_fetch_add(&r->other_ok, 1);
+    if (!pthread_equal(pthread_self(), r->main)) atomic_fetch_add(&r->off_main, 1);
+    atomic_fetch_add(&r->calls, 1);
 }
 
 static void test_log_callback_flush(void)
@@ -496,24 +499,39 @@ static void test_log_callback_flush(void)
     cubuf_resource_t *up = host_upstream(&h);
     lines_t got = LINES_INIT;
     cubuf_resource_t *other = collecting_log(up, &got);
-    reentrant_t r = {NULL, other, 0, 0, 0};
+    reentrant_t r;
+    atomic_init(&r.self, NULL);
+    atomic_init(&r.other, NULL);
+    atomic_init(&r.calls, 0);
+    atomic_init(&r.busy, 0);
+    atomic_init(&r.other_ok, 0);
+    atomic_init(&r.off_main, 0);
+    r.main = pthread_self();
     cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
     o.callback = flush_self;
     o.user = &r;
     cubuf_resource_t *lg = NULL;
     T_OK(cubuf_log_adaptor_create(up, &o, &lg));
-    r.self = lg;
+    T_CHECK(atomic_load(&r.calls) == 1); /* the header line, before self is known */
+    atomic_store(&r.self, lg);
+    atomic_store(&r.other, other);
+    /* The writer thread writes these (no flush asked). */
     CUdeviceptr p = 0;
     T_OK(cubuf_resource_allocate_raw(lg, 64, NULL, &p));
     T_OK(cubuf_resource_deallocate_raw(lg, p, 64, NULL));
-    T_OK(cubuf_log_adaptor_flush(lg)); /* the events, written by this thread or the writer */
-    T_CHECK(r.calls == 3 && r.busy == 2 && r.other_ok == 2);
+    for (int i = 0; i < 2000 && atomic_load(&r.calls) < 3; i++) usleep(5000);
+    T_CHECK(atomic_load(&r.calls) == 3 && atomic_load(&r.busy) == 2 &&
+            atomic_load(&r.other_ok) == 2 && atomic_load(&r.off_main) == 2);
+    /* No event is left to write: no callback runs until the next one. */
+    atomic_store(&r.other, NULL);
+    cubuf_resource_release(other);
+    /* This thread's flush or the writer writes this one, the last release the next. */
     T_OK(cubuf_resource_allocate_raw(lg, 64, NULL, &p));
-    r.other = NULL;
-    cubuf_resource_release(other); /* lg's last flush below flushes no other */
-    cubuf_resource_release(lg);    /* the allocation left is lg's upstream's: freed below */
-    T_CHECK(r.calls == 4 && r.busy == 3);
-    T_OK(cubuf_resource_deallocate_raw(up, p, 64, NULL));
+    T_OK(cubuf_log_adaptor_flush(lg));
+    T_CHECK(atomic_load(&r.calls) == 4 && atomic_load(&r.busy) == 3);
+    T_OK(cubuf_resource_deallocate_raw(lg, p, 64, NULL));
+    cubuf_resource_release(lg);
+    T_CHECK(atomic_load(&r.calls) == 5 && atomic_load(&r.busy) == 4);
     T_CHECK(h.live == 0);
     lines_free(&got);
     cubuf_resource_release(up);

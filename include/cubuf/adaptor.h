@@ -142,7 +142,10 @@ CUBUF_API cubuf_status_t cubuf_limit_adaptor_create(cubuf_resource_t *upstream, 
  *  must not allocate from or free to the same logging adaptor, release a
  *  reference to it, nor wait for anything a thread allocating through it
  *  may hold (a full ring makes that thread wait for the writes). A flush of
- *  the same adaptor from it returns CUBUF_ERROR_BUSY and writes nothing. */
+ *  the same adaptor from it returns CUBUF_ERROR_BUSY and writes nothing; it
+ *  may flush another logging adaptor only if that one's callback never
+ *  flushes this one back (two callbacks flushing each other's adaptors wait
+ *  for each other's writes). */
 typedef void (*cubuf_log_line_fn)(void *user, const char *line);
 
 /** Options of a logging adaptor. Initialize with CUBUF_LOG_OPTIONS_INIT. */
