@@ -130,10 +130,6 @@ fail:
 
 /* ---- a close that unmaps ------------------------------------------------------------ */
 
-/* Checks and synchronizes what an unmap waits for: the closing buffer's
- * stream, those of the other open buffers of the range (read under the
- * range lock, where cubuf__vmm_set_token writes them), and the range's
- * waits stream. Any failure leaves the close undone. */
 /* Adds t to w[0, *k) unless it is there already. */
 static void add_wait(vmm_wait_t *w, size_t *k, const cubuf_stream_token_t *t)
 {
@@ -142,6 +138,10 @@ static void add_wait(vmm_wait_t *w, size_t *k, const cubuf_stream_token_t *t)
     w[(*k)++] = (vmm_wait_t){*t, false, false};
 }
 
+/* Checks and synchronizes what an unmap waits for: the closing buffer's
+ * stream, those of the other open buffers of the range (read under the
+ * range lock, where cubuf__vmm_set_token writes them), and the range's
+ * waits stream. Any failure leaves the close undone. */
 static cubuf_status_t wait_streams(vmm_range_t *r, const vmm_member_t *m,
                                    const cubuf_stream_token_t *token, vmm_wait_t *w, size_t *n,
                                    const char *what)
@@ -318,13 +318,9 @@ out:;
  * go), and its bookkeeping is freed. Runs under the range's lock. */
 static void forget_space(vmm_space_t *s)
 {
-    for (size_t i = 0; i < s->nmaps; i++) {
-        vmm_phys_t *p = s->maps[i].phys;
-        p->lost = true;
-        if (--p->maps > 0) continue;
-        cubuf__vmm_release_quiet(p->handle, p->size);
-        free(p);
-    }
+    for (size_t i = 0; i < s->nmaps; i++) s->maps[i].phys->lost = true;
+    cubuf_charge_t uncounted = {0, 0}; /* lost allocations count nothing back */
+    release_span(s, 0, s->nmaps, false, &uncounted);
     cubuf__vmm_space_free(s);
 }
 
