@@ -505,10 +505,15 @@ static cubuf_status_t cache_free(caching_t *c, CUdeviceptr p, size_t size, CUstr
         pthread_mutex_unlock(&c->mutex);
         return CUBUF_SUCCESS;
     }
-    cs_lock(cs);
+    /* Past the threshold the block goes upstream, unless the stream
+     * captures: the upstream's free would be a node of the capture (a device
+     * pool refuses it), so the block is cached past the threshold instead,
+     * for a later free or a trim to give back. */
     const size_t thr = atomic_load_explicit(&c->threshold, memory_order_relaxed);
-    const bool over =
-        thr != SIZE_MAX && atomic_load_explicit(&c->cached_total, memory_order_relaxed) + csize > thr;
+    const bool over = thr != SIZE_MAX &&
+                      atomic_load_explicit(&c->cached_total, memory_order_relaxed) + csize > thr &&
+                      !capturing(c, stream);
+    cs_lock(cs);
     if (!over && slot_push(&cs->bins[k], p)) {
         cache_locked(c, cs, csize);
         live_sub_locked(cs, csize, size);

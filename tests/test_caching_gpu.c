@@ -278,6 +278,40 @@ static void test_trim_while_capturing(void)
     cubuf_resource_release(pool);
 }
 
+/* A free past the release threshold on a capturing stream: the upstream's
+ * free would be a node of the capture (the pool refuses it), so the block
+ * is cached past the threshold, the free succeeds and the capture stays
+ * intact; a trim after the capture gives everything back. */
+static void test_threshold_while_capturing(void)
+{
+    cubuf_resource_t *pool = private_pool(0), *c = NULL;
+    cubuf_caching_options_t o = CUBUF_CACHING_OPTIONS_INIT;
+    o.release_threshold = 4096;
+    T_REQUIRE(cubuf_caching_resource_create(pool, &o, &c));
+    CUstream s = new_stream();
+    CUdeviceptr a = 0, b = 0, d = 0;
+    T_OK(cubuf_caching_allocate(c, 4096, s, &a));
+    T_OK(cubuf_caching_allocate(c, 4096, s, &b));
+    T_OK(cubuf_caching_allocate(c, 4096, s, &d));
+    T_OK(cubuf_caching_deallocate(c, a, 4096, s)); /* within the threshold: cached */
+    T_OK(cubuf_caching_deallocate(c, d, 4096, s)); /* past it, not capturing: upstream */
+    cubuf_caching_stats_t st = cstats(c);
+    T_CHECK(st.cached_count == 1 && st.upstream_deallocations == 1);
+    T_CU(cuStreamSynchronize, s);
+    T_CU(cuStreamBeginCapture, s, CU_STREAM_CAPTURE_MODE_RELAXED);
+    T_OK(cubuf_caching_deallocate(c, b, 4096, s)); /* past it, capturing: cached */
+    st = cstats(c);
+    T_CHECK(st.cached_count == 2 && st.cached_bytes == 8192 && st.live_count == 0);
+    T_CHECK(st.upstream_deallocations == 1);
+    end_capture_ok(s);
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(cstats(c).cached_count == 0 && pool_stats(pool).pool_used_current == 0);
+    T_OK(cubuf_caching_forget_stream(c, s));
+    T_CU(cuStreamDestroy, s);
+    cubuf_resource_release(c);
+    cubuf_resource_release(pool);
+}
+
 /* Blocks cached on a stream before its capture began: another stream's miss
  * must not take them with an event recorded into that capture (waiting on
  * it makes the other stream join the capture, whose end then fails). */
@@ -691,6 +725,7 @@ int main(void)
     test_capture();
     test_steal_from_capturing();
     test_trim_while_capturing();
+    test_threshold_while_capturing();
     test_oom_trim();
     test_oom_foreign_per_thread();
     test_foreign_per_thread_while_capturing();

@@ -98,7 +98,9 @@ typedef struct cubuf_caching_options {
      *  CUBUF_CACHING_MAX_CLASS_SIZE. */
     size_t max_cached_size;
     /** Cached bytes kept: a deallocation that would cache more gives its
-     *  block back to the upstream instead (ordered on its stream). SIZE_MAX
+     *  block back to the upstream instead (ordered on its stream), unless
+     *  its stream captures (the free would be a node of the capture): then
+     *  the block is cached past the threshold until a trim. SIZE_MAX
      *  (the default): keep everything. Any other value costs one shared
      *  atomic counter per allocate and deallocate. */
     size_t release_threshold;
@@ -151,7 +153,8 @@ CUBUF_API cubuf_status_t cubuf_caching_allocate(cubuf_resource_t *res, size_t si
  * Deallocates what cubuf_caching_allocate (or cubuf_resource_allocate_raw
  * on `res`) returned, with the same size, ordered on `stream`: the block is
  * cached on `stream`, or given back to the upstream (above max_cached_size,
- * beyond the release threshold, or when the stream's list cannot grow).
+ * beyond the release threshold on a stream that does not capture, or when
+ * the stream's list cannot grow).
  * A size of another class than the allocation's is the caller's error the
  * cache cannot see. Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, pointer 0,
  * size 0, not a caching resource), and what the upstream's deallocation
