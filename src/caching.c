@@ -289,15 +289,43 @@ static void keep_block(caching_t *c, cstream_t *t, unsigned k, CUdeviceptr p, co
                     csize, (unsigned long long)p, after);
 }
 
+/* The failure a give-back reports, with its own detail: the first one,
+ * except that a failure to give back outranks blocks kept for a capture
+ * (which a later call gives back by itself), so the status does not depend
+ * on the order the streams are visited in. */
+typedef struct failure {
+    cubuf_status_t st;
+    CUresult cu;
+    char detail[1024];
+} failure_t;
+
+static void failure_note(failure_t *f, cubuf_status_t st)
+{
+    if (st == CUBUF_SUCCESS || (f->st != CUBUF_SUCCESS && (f->st != CUBUF_ERROR_STREAM_CAPTURING ||
+                                                           st == CUBUF_ERROR_STREAM_CAPTURING)))
+        return;
+    f->st = st;
+    f->cu = cubuf_last_cuda_result();
+    snprintf(f->detail, sizeof f->detail, "%s", cubuf_last_error());
+}
+
+static cubuf_status_t failure_report(const failure_t *f)
+{
+    if (f->st == CUBUF_SUCCESS) return CUBUF_SUCCESS;
+    (void)cubuf__fail(f->st, "%s", f->detail);
+    cubuf__set_last_cu(f->cu);
+    return f->st;
+}
+
 /* Gives cached blocks back to the upstream until at most `keep` cached
  * bytes remain, only those of `only` when it is not NULL, each ordered on
  * its stream (another thread's per-thread stream's on the legacy stream,
  * which waits for it); `sync` then synchronizes each stream
  * that gave blocks back, the legacy stream for those.
- * Returns the first failure; what could not go stays cached. */
+ * Returns the failure failure_note picks; what could not go stays cached. */
 static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t *only)
 {
-    cubuf_status_t first = CUBUF_SUCCESS;
+    failure_t f = {CUBUF_SUCCESS, CUDA_SUCCESS, ""};
     const uint64_t me = thread_key();
     pthread_mutex_lock(&c->mutex);
     size_t cached = 0;
@@ -327,11 +355,10 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
              * (and a synchronization would end the capture): kept. A query
              * that fails (no context current for a default stream) leaves
              * the free to report what it meets, as before. */
-            if (first == CUBUF_SUCCESS)
-                first = cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
-                                    "caching resource: the blocks cached on stream %p stay cached "
-                                    "while it captures",
-                                    (void *)on);
+            failure_note(&f, cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING,
+                                         "caching resource: the blocks cached on stream %p stay "
+                                         "cached while it captures",
+                                         (void *)on));
             continue;
         }
         bool gave = false;
@@ -348,8 +375,8 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
                 cs_unlock(t);
                 cubuf_status_t st = up_free(c, p, csize, on);
                 if (st != CUBUF_SUCCESS) {
+                    failure_note(&f, st);
                     keep_block(c, t, k, p, "a failed give-back");
-                    if (first == CUBUF_SUCCESS) first = st;
                     goto next_stream;
                 }
                 gave = true;
@@ -357,13 +384,10 @@ static cubuf_status_t give_back(caching_t *c, size_t keep, bool sync, cstream_t 
             }
         }
     next_stream:
-        if (sync && gave && c->device) {
-            cubuf_status_t st = CU(cuStreamSynchronize, on);
-            if (st != CUBUF_SUCCESS && first == CUBUF_SUCCESS) first = st;
-        }
+        if (sync && gave && c->device) failure_note(&f, CU(cuStreamSynchronize, on));
     }
     pthread_mutex_unlock(&c->mutex);
-    return first;
+    return failure_report(&f);
 }
 
 /* After the upstream said out of memory: release the cache, retry once,

@@ -312,6 +312,40 @@ static void test_threshold_while_capturing(void)
     cubuf_resource_release(pool);
 }
 
+/* A trim that meets both a stream that captures (its blocks stay) and a
+ * free that fails reports the failure, with its own detail and CUresult,
+ * in whichever order it visits the two streams. */
+static void test_trim_failure_order(void)
+{
+    cubuf_resource_t *pool = private_pool(0);
+    for (int order = 0; order < 2; order++) {
+        cubuf_resource_t *c = NULL;
+        T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c));
+        CUstream t = new_stream(), s = new_stream();
+        if (order) cache_pair(c, s, 65536);
+        cache_pair(c, t, 4096);
+        if (!order) cache_pair(c, s, 65536);
+        T_CU(cuStreamBeginCapture, t, CU_STREAM_CAPTURE_MODE_RELAXED);
+        T_CHECK(cubuf_fault_fail_nth("cuMemFreeAsync", 1, CUDA_ERROR_UNKNOWN));
+        T_STATUS(cubuf_caching_trim(c, 0), CUBUF_ERROR_DRIVER);
+        T_CHECK(cubuf_fault_fired());
+        cubuf_fault_reset();
+        T_CHECK(strstr(cubuf_last_error(), "CUDA_ERROR_UNKNOWN") != NULL);
+        T_CHECK(cubuf_last_cuda_result() == CUDA_ERROR_UNKNOWN);
+        T_CHECK(cstats(c).cached_count == 4); /* t's kept, s's first free failed */
+        end_capture_ok(t);
+        T_OK(cubuf_caching_trim(c, 0));
+        T_CHECK(cstats(c).cached_count == 0);
+        T_OK(cubuf_caching_forget_stream(c, t));
+        T_OK(cubuf_caching_forget_stream(c, s));
+        T_CU(cuStreamDestroy, t);
+        T_CU(cuStreamDestroy, s);
+        cubuf_resource_release(c);
+    }
+    T_CHECK(pool_stats(pool).pool_used_current == 0);
+    cubuf_resource_release(pool);
+}
+
 /* Blocks cached on a stream before its capture began: another stream's miss
  * must not take them with an event recorded into that capture (waiting on
  * it makes the other stream join the capture, whose end then fails). */
@@ -726,6 +760,7 @@ int main(void)
     test_steal_from_capturing();
     test_trim_while_capturing();
     test_threshold_while_capturing();
+    test_trim_failure_order();
     test_oom_trim();
     test_oom_foreign_per_thread();
     test_foreign_per_thread_while_capturing();

@@ -172,9 +172,10 @@ CUBUF_API cubuf_status_t cubuf_caching_deallocate(cubuf_resource_t *res, CUdevic
  * to the system). Blocks cached on a stream that is capturing stay cached
  * (their frees would be nodes of the capture), as they do where the
  * upstream refuses a free. Returns CUBUF_ERROR_INVALID_ARGUMENT (NULL, not
- * a caching resource), CUBUF_ERROR_STREAM_CAPTURING (such a stream), and
- * the first failure of the upstream's deallocation or of the
- * synchronization (the blocks not given back stay cached).
+ * a caching resource), the first failure of the upstream's deallocation or
+ * of the synchronization (the blocks not given back stay cached), else
+ * CUBUF_ERROR_STREAM_CAPTURING (such a stream), whatever the order of the
+ * streams; cubuf_last_error() is the detail of the failure returned.
  */
 CUBUF_API cubuf_status_t cubuf_caching_trim(cubuf_resource_t *res, size_t bytes_to_keep);
 
