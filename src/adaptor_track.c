@@ -117,31 +117,39 @@ static void totals(track_adaptor_t *t, size_t *count, size_t *bytes)
     }
 }
 
+/* One warning for an allocation still outstanding at the release: what the
+ * report's line says, then its backtrace where one was kept, a frame a line,
+ * as far as a warning's length allows. */
+static void warn_outstanding(const cubuf_ptr_entry_t *e)
+{
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "  outstanding: 0x%llx, %zu bytes, stream %p, thread %llu",
+                     (unsigned long long)e->ptr, e->size, e->a, (unsigned long long)e->c);
+    const track_trace_t *tr = e->b;
+    char **names = tr ? backtrace_symbols(tr->frames, tr->n) : NULL;
+    for (int f = 0; tr && f < tr->n && n > 0 && (size_t)n < sizeof msg; f++)
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "\n    %s", names ? names[f] : "?");
+    free(names);
+    cubuf__warn(CUBUF_ERROR_BUSY, "%s", msg);
+}
+
 static void track_destroy(cubuf_resource_t *res)
 {
     track_adaptor_t *t = res->impl;
     size_t count, bytes;
     totals(t, &count, &bytes);
-    if (count) {
+    if (count)
         cubuf__warn(CUBUF_ERROR_BUSY,
                     "tracking adaptor released with %zu allocation%s (%zu bytes) outstanding; "
-                    "the first:",
+                    "each follows",
                     count, count == 1 ? "" : "s", bytes);
-        int shown = 0;
-        for (int i = 0; i < TRACK_SHARDS && shown < 8; i++)
-            for (size_t k = 0; k < t->shards[i].map.cap && shown < 8; k++) {
-                const cubuf_ptr_entry_t *e = &t->shards[i].map.slots[k];
-                if (!e->ptr) continue;
-                cubuf__warn(CUBUF_ERROR_BUSY, "  outstanding: 0x%llx, %zu bytes, stream %p, thread %llu",
-                            (unsigned long long)e->ptr, e->size, e->a,
-                            (unsigned long long)e->c);
-                shown++;
-            }
-    }
     for (int i = 0; i < TRACK_SHARDS; i++) {
         cubuf_ptrmap_t *m = &t->shards[i].map;
         for (size_t k = 0; k < m->cap; k++)
-            if (m->slots[k].ptr) free(m->slots[k].b);
+            if (m->slots[k].ptr) {
+                warn_outstanding(&m->slots[k]);
+                free(m->slots[k].b);
+            }
         cubuf__ptrmap_free(m);
     }
     cubuf__adaptor_destroy(res);

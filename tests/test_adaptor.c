@@ -869,9 +869,30 @@ static void test_tracking(void)
     cubuf_set_warning_handler(t_warning, &w);
     cubuf_resource_release(tr);
     cubuf_set_warning_handler(NULL, NULL);
-    T_CHECK(w.n >= 2 && strstr(w.first, "1 allocation (200 bytes) outstanding"));
+    T_CHECK(w.n == 2 && strstr(w.first, "1 allocation (200 bytes) outstanding"));
+    snprintf(hex, sizeof hex, "0x%llx, 200 bytes", (unsigned long long)q);
+    T_CHECK(strstr(w.last, hex) && strstr(w.last, "\n    ")); /* with its frames */
     T_CHECK(h.frees == 1 && h.live == 1); /* the caller's leak stays the caller's */
     T_OK(up_free(&h, q, 200, NULL));
+    cubuf_resource_release(up);
+}
+
+/* Released with many outstanding: every one is reported, none left out. */
+static void test_tracking_release_all(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *tr = NULL;
+    T_OK(cubuf_tracking_adaptor_create(up, false, &tr));
+    enum { N = 40 };
+    CUdeviceptr p[N];
+    for (int i = 0; i < N; i++) T_OK(cubuf_resource_allocate_raw(tr, 64 + (size_t)i, NULL, &p[i]));
+    t_warnings_t w = {0};
+    cubuf_set_warning_handler(t_warning, &w);
+    cubuf_resource_release(tr);
+    cubuf_set_warning_handler(NULL, NULL);
+    T_CHECK(w.n == 1 + N && strstr(w.first, "40 allocations (") && strstr(w.last, "  outstanding: 0x"));
+    for (int i = 0; i < N; i++) T_OK(up_free(&h, p[i], 64 + (size_t)i, NULL));
+    T_CHECK(h.live == 0);
     cubuf_resource_release(up);
 }
 
@@ -1623,6 +1644,7 @@ int main(void)
     test_log_time();
     test_log_thread_churn();
     test_tracking();
+    test_tracking_release_all();
     test_failure_callback();
     test_faults();
     test_stack_threads();
