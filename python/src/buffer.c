@@ -147,6 +147,14 @@ static int Buffer_clear(BufferObject *self)
     return 0;
 }
 
+int cbp_buffer_stream_device(const BufferObject *self)
+{
+    int dev = cubuf_buffer_device_id(self->buf);
+    if (dev < 0) /* pinned host memory: its resource's device (the first without one) */
+        dev = self->mr && cbp_Resource_Check(self->mr) ? ((ResourceObject *)self->mr)->device : 0;
+    return dev < 0 ? 0 : dev;
+}
+
 /* The buffer outlives this object (a DLPack consumer holds it: its close
  * was refused as busy), and its deallocation stream is a Python stream
  * object about to be dropped (and destroyed): the free moves to the
@@ -157,9 +165,7 @@ static void free_later_on_legacy(BufferObject *self)
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb); /* a dealloc leaves the error state as it found it */
     CUstream s = NULL;
-    int dev = cubuf_buffer_device_id(self->buf);
-    if (dev < 0) /* pinned host memory, still freed stream-ordered: its resource's device */
-        dev = self->mr && cbp_Resource_Check(self->mr) ? ((ResourceObject *)self->mr)->device : 0;
+    const int dev = cbp_buffer_stream_device(self);
     if (cbp_stream(self->stream_ref, &s) == 0 &&
         cbp_stream_handoff(dev, s, CU_STREAM_LEGACY) == 0 &&
         cubuf_buffer_set_deallocation_stream(self->buf, CU_STREAM_LEGACY) == CUBUF_SUCCESS) {

@@ -143,6 +143,11 @@ cubuf_context_t *cbp_device_context(int device);
  * the same stream. device: the context both belong to. 0 or -1 with an exception. */
 int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
 
+/* Waits for the work queued on `stream` of device's context so far, without
+ * the GIL (the work may be a Python host function). what: names the caller
+ * in the error. 0 or -1 with an exception. */
+int cbp_stream_sync(int device, CUstream stream, const char *what);
+
 /* ---- buffers (buffer.c) -------------------------------------------------- */
 
 /* A new Buffer (or `type`) owning `buf` (stolen: released on failure).
@@ -152,6 +157,9 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
  * deallocation stream's object (cbp_buffer_set_work, cbp_buffer_keep_stream). */
 PyObject *cbp_buffer_new(PyTypeObject *type, cubuf_buffer_t *buf, PyObject *mr, PyObject *owner,
                          CUstream work_stream, PyObject *stream);
+/* The device whose context the buffer's streams belong to: its memory's,
+ * or for host memory its resource's (0 without one). */
+int cbp_buffer_stream_device(const BufferObject *self);
 /* Frees the buffer objects kept for reuse (at the module's release). */
 void cbp_buffer_drop_spares(void);
 /* Records `o` as the stream the buffer's deallocation is on: a Python

@@ -36,6 +36,7 @@ static PyObject *api_stream_int(CUstream s)
 
 static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged; }
 
+
 /* ---- export ---------------------------------------------------------------- */
 
 /* The deleters of the tensors __dlpack__ exports are cubuf's, wrapped: a
@@ -48,6 +49,19 @@ static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged
  * export, do the rest. */
 static void (*_Atomic cubuf_delete_versioned)(DLManagedTensorVersioned *);
 static void (*_Atomic cubuf_delete_unversioned)(DLManagedTensor *);
+
+/* Releases a copy __dlpack__ made: a failure after the copy frees it here,
+ * and a synchronous resource's free waits for the device, without the GIL. */
+static void release_copy(cubuf_buffer_t *copy)
+{
+    if (!copy || !cubuf__inspect_close_may_wait(copy)) {
+        cubuf_buffer_release(copy);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    cubuf_buffer_release(copy);
+    Py_END_ALLOW_THREADS
+}
 
 static PyThreadState *release_gil_if_may_wait(void *slice)
 {
@@ -95,13 +109,15 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     int32_t dt, did;
     cubuf_status_t st = cubuf_buffer_dlpack_device(self->buf, &dt, &did);
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
+    bool as_cpu = false; /* pinned memory asked for as the CPU's (numpy's dl_device) */
     if (a[2] && a[2] != Py_None) {
         int32_t want_t, want_id;
         if (!PyTuple_Check(a[2]))
             return PyErr_Format(PyExc_TypeError, "dl_device must be a (device_type, device_id) tuple, not %.200s",
                                 Py_TYPE(a[2])->tp_name);
         if (!PyArg_ParseTuple(a[2], "ii:dl_device", &want_t, &want_id)) return NULL;
-        if (want_t != dt || want_id != did)
+        as_cpu = dt == kDLCUDAHost && want_t == kDLCPU && want_id == 0;
+        if (!as_cpu && (want_t != dt || want_id != did))
             return PyErr_Format(PyExc_BufferError, "__dlpack__: the buffer is on DLPack device (%d, %d), not (%d, %d)",
                                 (int)dt, (int)did, (int)want_t, (int)want_id);
     }
@@ -118,10 +134,11 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     /* The consumer's stream waits for the work queued through this buffer. */
     CUstream consumer = CU_STREAM_LEGACY;
     bool none = true;
-    if (is_cuda_type(dt)) {
+    const bool host_consumer = dt == kDLCUDAHost && (!a[0] || a[0] == Py_None);
+    if (!host_consumer && (is_cuda_type(dt) || dt == kDLCUDAHost)) { /* a CUDA consumer of pinned memory gives its stream */
         if (api_stream(a[0], &consumer, &none) < 0) return NULL;
-        int dev = cubuf_buffer_device_id(self->buf);
-        if (!none && dev >= 0 && cbp_stream_handoff(dev, self->work_stream, consumer) < 0) return NULL;
+        if (!none && cbp_stream_handoff(cbp_buffer_stream_device(self), self->work_stream, consumer) < 0)
+            return NULL;
     }
     cubuf_buffer_t *src = self->buf, *copied = NULL;
     if (copy) {
@@ -133,11 +150,18 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
         if (cubuf_buffer_size(copied) != n) {
             cubuf_buffer_t *part = NULL;
             st = cubuf_buffer_slice(copied, 0, n, &part);
-            cubuf_buffer_release(copied); /* the slice holds it now; on failure this frees it */
+            release_copy(copied); /* the slice holds it now; on failure this frees it */
             if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
             copied = part;
         }
         src = copied;
+    }
+    /* A host consumer of pinned memory (stream None: numpy, the CPU) reads it
+     * as soon as it has the tensor and cannot wait on a stream: the work
+     * queued through the buffer (the copy's too) completes first. */
+    if (host_consumer && cbp_stream_sync(cbp_buffer_stream_device(self), self->work_stream, "__dlpack__") < 0) {
+        release_copy(copied);
+        return NULL;
     }
     PyObject *cap = NULL;
     /* A read-only import stays read-only (an unversioned tensor cannot say
@@ -150,6 +174,7 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
         st = cubuf_buffer_to_dlpack(src, opts, &t);
         if (st == CUBUF_SUCCESS) {
             if (copy) t->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+            if (as_cpu) t->dl_tensor.device = (DLDevice){kDLCPU, 0};
             atomic_store_explicit(&cubuf_delete_versioned, t->deleter, memory_order_relaxed);
             t->deleter = delete_versioned;
             if (!(cap = PyCapsule_New(t, "dltensor_versioned", capsule_versioned_del))) t->deleter(t);
@@ -158,12 +183,13 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
         DLManagedTensor *t;
         st = cubuf_buffer_to_dlpack_unversioned(src, opts, &t);
         if (st == CUBUF_SUCCESS) {
+            if (as_cpu) t->dl_tensor.device = (DLDevice){kDLCPU, 0};
             atomic_store_explicit(&cubuf_delete_unversioned, t->deleter, memory_order_relaxed);
             t->deleter = delete_unversioned;
             if (!(cap = PyCapsule_New(t, "dltensor", capsule_unversioned_del))) t->deleter(t);
         }
     }
-    cubuf_buffer_release(copied); /* the tensor holds the copy now */
+    release_copy(copied); /* the tensor holds the copy now; on failure this frees it */
     if (st != CUBUF_SUCCESS) return cbp_fail_as(st == CUBUF_ERROR_CLOSED ? NULL : PyExc_BufferError, st, "__dlpack__");
     return cap;
 }

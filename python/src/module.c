@@ -346,6 +346,23 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     return 0;
 }
 
+int cbp_stream_sync(int device, CUstream stream, const char *what)
+{
+    cubuf_context_t *ctx = cbp_device_context(device);
+    if (!ctx) return -1;
+    CUcontext h = NULL;
+    cubuf_context_handle(ctx, &h);
+    cubuf_ctx_guard_t g;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    if ((st = cubuf__ctx_push(h, &g)) == CUBUF_SUCCESS) { /* a default stream is the context's */
+        st = cubuf_stream_synchronize(stream);
+        cubuf__ctx_pop(&g);
+    }
+    Py_END_ALLOW_THREADS
+    return st == CUBUF_SUCCESS ? 0 : (cbp_fail(st, what), -1);
+}
+
 /* ---- cubuf.Stream --------------------------------------------------------- */
 
 static PyObject *stream_make(CUstream h, bool owned, PyObject *keep)

@@ -219,3 +219,55 @@ def test_copy_true_of_a_virtual_memory_view_has_its_size():
     v.close()
     b.close()
     assert vmm.stats["current_count"] == 0
+
+
+def _held_fill(drv, buf, value):
+    """Fills buf with value on a new stream, behind a host function that waits for the event returned:
+    the fill cannot have run before the event is set."""
+    import threading
+    from conftest import Driver
+    s = cubuf.Stream(0)
+    gate = threading.Event()
+    fn = Driver.HOST_FN(lambda _: gate.wait(20))
+    drv.launch_host_func(cubuf.Context(0), s, fn)
+    buf.fill(value, stream=s)
+    return s, gate, fn
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": True}])
+def test_pinned_memory_to_a_host_consumer_waits_for_its_work(drv, kw):
+    # A host consumer (stream None: numpy, the CPU) reads pinned memory as soon as it has the tensor and
+    # cannot wait on a stream: __dlpack__ waits for the work queued through the buffer (the copy's too).
+    import ctypes
+    import threading
+    b = cubuf.PinnedMemoryResource().allocate(4096)
+    b.fill(0, stream=S)
+    cubuf.Context(0).synchronize()
+    s, gate, fn = _held_fill(drv, b, 7)
+    threading.Timer(0.3, gate.set).start()
+    cap = b.__dlpack__(**kw)  # returns once the fill has run
+    assert ctypes.string_at(b.handle, 4096) == bytes([7]) * 4096  # read as the host reads it: no stream
+    del cap
+    cubuf.Context(0).synchronize()
+    b.close()
+
+
+def test_pinned_memory_as_the_cpus():
+    # numpy asks for dl_device=(kDLCPU, 0): pinned memory is the CPU's too, exported without a copy.
+    import ctypes
+    b = cubuf.PinnedMemoryResource().allocate(64)
+    b.fill(5, stream=S)
+    cap = b.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    t = get(cap, b"dltensor_versioned")
+    data = ctypes.c_void_p.from_address(t + 32).value  # after version, manager_ctx, deleter, flags
+    dev = (ctypes.c_int32.from_address(t + 40).value, ctypes.c_int32.from_address(t + 44).value)
+    assert data == b.handle and dev == (1, 0)
+    a = np.from_dlpack(type("P", (), {"__dlpack__": lambda self, **k: b.__dlpack__(**k),
+                                      "__dlpack_device__": lambda self: (1, 0)})())
+    assert a.ctypes.data == b.handle and a.tobytes() == bytes([5]) * 64
+    with pytest.raises(BufferError, match="DLPack device"):
+        cubuf.DeviceMemoryResource(0).allocate(64).__dlpack__(dl_device=(1, 0))  # device memory is not the CPU's
+    del a, cap
+    b.close()
