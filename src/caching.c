@@ -532,7 +532,7 @@ static cubuf_status_t cache_free(caching_t *c, CUdeviceptr p, size_t size, CUstr
     /* Past the threshold the block goes upstream, unless the stream
      * captures: the upstream's free would be a node of the capture (a device
      * pool refuses it), so the block is cached past the threshold instead,
-     * for a later free or a trim to give back. */
+     * until a trim gives it back (or a hit takes it). */
     const size_t thr = atomic_load_explicit(&c->threshold, memory_order_relaxed);
     const bool over = thr != SIZE_MAX &&
                       atomic_load_explicit(&c->cached_total, memory_order_relaxed) + csize > thr &&

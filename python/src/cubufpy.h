@@ -140,13 +140,18 @@ cubuf_context_t *cbp_device_context(int device);
 
 /* Makes `consumer` wait for the work queued on `producer` so far (an
  * event recorded on producer, waited on by consumer); nothing when they are
- * the same stream. device: the context both belong to. 0 or -1 with an exception. */
+ * the same stream or the producer's work is done. A producer that captures
+ * joins the consumer to its capture; the legacy stream while a capture
+ * depends on it is refused (CUBUF_ERROR_STREAM_CAPTURING). device: the context both belong to. 0 or -1 with an exception. */
 int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
 
 /* Waits for the work queued on `stream` of device's context so far, without
- * the GIL (the work may be a Python host function). what: names the caller
- * in the error. 0 or -1 with an exception. */
-int cbp_stream_sync(int device, CUstream stream, const char *what);
+ * the GIL (the work may be a Python host function). A stream that captures
+ * (or the legacy stream while a capture depends on it) is refused with
+ * CUBUF_ERROR_STREAM_CAPTURING: a synchronization would invalidate the
+ * capture. exc: the exception to raise (NULL: cbp_fail's choice); what:
+ * names the caller. 0 or -1 with an exception. */
+int cbp_stream_sync(int device, CUstream stream, PyObject *exc, const char *what);
 
 /* ---- buffers (buffer.c) -------------------------------------------------- */
 

@@ -134,6 +134,12 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     /* The consumer's stream waits for the work queued through this buffer. */
     CUstream consumer = CU_STREAM_LEGACY;
     bool none = true;
+    /* A CPU export takes no stream but -1 (the array API). */
+    if (as_cpu && a[0] && a[0] != Py_None && !(PyLong_Check(a[0]) && PyLong_AsLongLong(a[0]) == -1)) {
+        if (PyErr_Occurred()) return NULL;
+        return PyErr_Format(PyExc_BufferError, "__dlpack__: an export as the CPU's (dl_device=(1, 0)) "
+                                               "takes stream None or -1");
+    }
     const bool host_consumer = dt == kDLCUDAHost && (!a[0] || a[0] == Py_None);
     if (!host_consumer && (is_cuda_type(dt) || dt == kDLCUDAHost)) { /* a CUDA consumer of pinned memory gives its stream */
         if (api_stream(a[0], &consumer, &none) < 0) return NULL;
@@ -159,9 +165,15 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     /* A host consumer of pinned memory (stream None: numpy, the CPU) reads it
      * as soon as it has the tensor and cannot wait on a stream: the work
      * queued through the buffer (the copy's too) completes first. */
-    if (host_consumer && cbp_stream_sync(cbp_buffer_stream_device(self), self->work_stream, "__dlpack__") < 0) {
-        release_copy(copied);
-        return NULL;
+    if (host_consumer) {
+        PyObject *keep = Py_XNewRef(self->work_ref); /* another thread may replace it during the wait */
+        const int rc = cbp_stream_sync(cbp_buffer_stream_device(self), self->work_stream, PyExc_BufferError,
+                                       "__dlpack__");
+        Py_XDECREF(keep);
+        if (rc < 0) {
+            release_copy(copied);
+            return NULL;
+        }
     }
     PyObject *cap = NULL;
     /* A read-only import stays read-only (an unversioned tensor cannot say

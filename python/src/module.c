@@ -336,9 +336,20 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     cubuf_ctx_guard_t g;
     if ((st = cubuf__ctx_push(h, &g)) != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     /* Nothing to wait for when the producer's work has all completed (one
-     * query, cheaper than a record and a wait). */
+     * query, cheaper than a record and a wait). A producer that captures
+     * has queued its work into a graph, and a query would invalidate the
+     * capture: the record and the wait join the consumer to it instead. */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult r = CU_CALL(cuStreamIsCapturing, producer, &cs);
     bool idle = false;
-    st = cubuf_stream_query(producer, &idle);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        st = cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING, "the legacy default stream waits for a stream "
+                                                       "that captures: work on it would invalidate "
+                                                       "that capture");
+    else if (r != CUDA_SUCCESS)
+        st = cubuf__cu_status(r, "cuStreamIsCapturing");
+    else if (cs == CU_STREAM_CAPTURE_STATUS_NONE)
+        st = cubuf_stream_query(producer, &idle);
     if (st == CUBUF_SUCCESS && !idle) st = cubuf_event_record(handoff_events[device], producer);
     if (st == CUBUF_SUCCESS && !idle) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
     cubuf__ctx_pop(&g);
@@ -346,7 +357,7 @@ int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
     return 0;
 }
 
-int cbp_stream_sync(int device, CUstream stream, const char *what)
+int cbp_stream_sync(int device, CUstream stream, PyObject *exc, const char *what)
 {
     cubuf_context_t *ctx = cbp_device_context(device);
     if (!ctx) return -1;
@@ -355,12 +366,14 @@ int cbp_stream_sync(int device, CUstream stream, const char *what)
     cubuf_ctx_guard_t g;
     cubuf_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    if ((st = cubuf__ctx_push(h, &g)) == CUBUF_SUCCESS) { /* a default stream is the context's */
+    /* A default stream is the context's. */
+    if ((st = cubuf__stream_refuse_capture(stream, h, what)) == CUBUF_SUCCESS &&
+        (st = cubuf__ctx_push(h, &g)) == CUBUF_SUCCESS) {
         st = cubuf_stream_synchronize(stream);
         cubuf__ctx_pop(&g);
     }
     Py_END_ALLOW_THREADS
-    return st == CUBUF_SUCCESS ? 0 : (cbp_fail(st, what), -1);
+    return st == CUBUF_SUCCESS ? 0 : (cbp_fail_as(exc, st, what), -1);
 }
 
 /* ---- cubuf.Stream --------------------------------------------------------- */

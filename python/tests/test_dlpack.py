@@ -221,32 +221,114 @@ def test_copy_true_of_a_virtual_memory_view_has_its_size():
     assert vmm.stats["current_count"] == 0
 
 
-def _held_fill(drv, buf, value):
-    """Fills buf with value on a new stream, behind a host function that waits for the event returned:
-    the fill cannot have run before the event is set."""
-    import threading
-    from conftest import Driver
-    s = cubuf.Stream(0)
-    gate = threading.Event()
-    fn = Driver.HOST_FN(lambda _: gate.wait(20))
-    drv.launch_host_func(cubuf.Context(0), s, fn)
-    buf.fill(value, stream=s)
-    return s, gate, fn
+def _tensor_data(cap):
+    """The data pointer and DLPack device of a capsule's tensor (versioned or not)."""
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    versioned = "dltensor_versioned" in repr(cap)
+    # DLManagedTensorVersioned: version, manager_ctx, deleter, flags, then the DLTensor; the
+    # unversioned DLManagedTensor starts with its DLTensor (data, then the device's two int32).
+    t = get(cap, b"dltensor_versioned" if versioned else b"dltensor") + (32 if versioned else 0)
+    return (ctypes.c_void_p.from_address(t).value,
+            (ctypes.c_int32.from_address(t + 8).value, ctypes.c_int32.from_address(t + 12).value))
 
 
-@pytest.mark.parametrize("kw", [{}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": True}])
+class _HeldFill:
+    """A fill of buf with value on a new stream, behind a host function that waits for open():
+    the fill cannot run before it."""
+
+    def __init__(self, drv, buf, value):
+        import threading
+        from conftest import Driver
+        self.stream = cubuf.Stream(0)
+        self.gate = threading.Event()
+        self.fn = Driver.HOST_FN(lambda _: self.gate.wait(20))  # kept alive while the driver may call it
+        drv.launch_host_func(cubuf.Context(0), self.stream, self.fn)
+        buf.fill(value, stream=self.stream)
+
+    def open(self):
+        self.gate.set()
+        self.stream.sync()
+
+
+def _pinned(n, value):
+    b = cubuf.PinnedMemoryResource().allocate(n)
+    b.fill(value, stream=S)
+    cubuf.Context(0).synchronize()
+    return b
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": True},
+                                {"max_version": (1, 0), "dl_device": (1, 0)}])
 def test_pinned_memory_to_a_host_consumer_waits_for_its_work(drv, kw):
     # A host consumer (stream None: numpy, the CPU) reads pinned memory as soon as it has the tensor and
     # cannot wait on a stream: __dlpack__ waits for the work queued through the buffer (the copy's too).
     import ctypes
     import threading
-    b = cubuf.PinnedMemoryResource().allocate(4096)
-    b.fill(0, stream=S)
+    b = _pinned(4096, 0)
+    held = _HeldFill(drv, b, 7)
+    threading.Timer(0.3, held.gate.set).start()
+    cap = b.__dlpack__(**kw)  # returns once the fill (and the copy) has run
+    data, dev = _tensor_data(cap)
+    assert (data == b.handle) != bool(kw.get("copy"))
+    assert dev == ((1, 0) if "dl_device" in kw else (3, 0))
+    assert ctypes.string_at(data, 4096) == bytes([7]) * 4096  # read as the host reads it: no stream
+    held.open()
+    del cap
     cubuf.Context(0).synchronize()
-    s, gate, fn = _held_fill(drv, b, 7)
-    threading.Timer(0.3, gate.set).start()
-    cap = b.__dlpack__(**kw)  # returns once the fill has run
-    assert ctypes.string_at(b.handle, 4096) == bytes([7]) * 4096  # read as the host reads it: no stream
+    b.close()
+
+
+def test_pinned_memory_to_a_stream_or_to_no_one(drv):
+    # A consumer's stream is handed the work (it waits, the host does not); stream -1 asks for nothing.
+    import ctypes
+    b = _pinned(4096, 0)
+    held = _HeldFill(drv, b, 7)
+    cap = b.__dlpack__(max_version=(1, 0), stream=-1)  # at once, the fill still held back
+    assert ctypes.string_at(b.handle, 4096) == bytes(4096)
+    consumer = cubuf.Stream(0)
+    cap2 = b.__dlpack__(max_version=(1, 0), stream=consumer.handle)  # at once too
+    assert ctypes.string_at(b.handle, 4096) == bytes(4096)
+    held.gate.set()
+    consumer.sync()  # waits for the fill through the handoff
+    assert ctypes.string_at(b.handle, 4096) == bytes([7]) * 4096
+    held.open()
+    del cap, cap2
+    b.close()
+
+
+def test_pinned_memory_while_its_stream_captures(drv):
+    # A host consumer cannot wait for work a capture holds (a synchronization would invalidate the
+    # capture): BufferError, the capture intact (drv.capture checks that it ends cleanly).
+    b = _pinned(4096, 0)
+    s = cubuf.Stream(0)
+    with drv.capture(s):
+        b.fill(7, stream=s)
+        with pytest.raises(BufferError, match="capturing"):
+            b.__dlpack__()
+    cubuf.Context(0).synchronize()
+    b.close()
+
+
+def test_handoff_from_a_capturing_stream_keeps_the_capture(drv):
+    # The producer's stream captures: the consumer joins the capture (a record and a wait), where a
+    # query of the producer would invalidate it.
+    import ctypes
+    b = cubuf.DeviceMemoryResource(0).allocate(4096)
+    s, consumer = cubuf.Stream(0), cubuf.Stream(0)
+    ev = ctypes.c_void_p()
+    drv.check(drv.fn("cuEventCreate", 2000, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint)(ctypes.byref(ev), 2),
+              "cuEventCreate")
+    with drv.capture(s):
+        b.fill(7, stream=s)
+        cap = b.__dlpack__(max_version=(1, 0), stream=consumer.handle)
+        # the consumer's fork joins back into s
+        drv.check(drv.fn("cuEventRecord", 2000, ctypes.c_void_p, ctypes.c_void_p)(ev, consumer.handle),
+                  "cuEventRecord")
+        drv.check(drv.fn("cuStreamWaitEvent", 3020, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)(s.handle, ev, 0),
+                  "cuStreamWaitEvent")
+    drv.check(drv.fn("cuEventDestroy", 4000, ctypes.c_void_p)(ev), "cuEventDestroy")
     del cap
     cubuf.Context(0).synchronize()
     b.close()
@@ -254,19 +336,14 @@ def test_pinned_memory_to_a_host_consumer_waits_for_its_work(drv, kw):
 
 def test_pinned_memory_as_the_cpus():
     # numpy asks for dl_device=(kDLCPU, 0): pinned memory is the CPU's too, exported without a copy.
-    import ctypes
-    b = cubuf.PinnedMemoryResource().allocate(64)
-    b.fill(5, stream=S)
+    b = _pinned(64, 5)
     cap = b.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    t = get(cap, b"dltensor_versioned")
-    data = ctypes.c_void_p.from_address(t + 32).value  # after version, manager_ctx, deleter, flags
-    dev = (ctypes.c_int32.from_address(t + 40).value, ctypes.c_int32.from_address(t + 44).value)
-    assert data == b.handle and dev == (1, 0)
+    assert _tensor_data(cap) == (b.handle, (1, 0))
     a = np.from_dlpack(type("P", (), {"__dlpack__": lambda self, **k: b.__dlpack__(**k),
                                       "__dlpack_device__": lambda self: (1, 0)})())
     assert a.ctypes.data == b.handle and a.tobytes() == bytes([5]) * 64
+    with pytest.raises(BufferError, match="stream None or -1"):
+        b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), stream=1)
     with pytest.raises(BufferError, match="DLPack device"):
         cubuf.DeviceMemoryResource(0).allocate(64).__dlpack__(dl_device=(1, 0))  # device memory is not the CPU's
     del a, cap
