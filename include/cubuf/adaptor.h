@@ -219,8 +219,8 @@ CUBUF_API cubuf_status_t cubuf_log_adaptor_flush(cubuf_resource_t *res);
  * is not called. At its last release it reports what is still outstanding
  * to the warning handler (cubuf_set_warning_handler): a warning with the
  * totals, then one per allocation (the report's line and, where kept, its
- * backtrace a frame a line, cut at the warning's 1023 characters). Memory it did not
- * allocate cannot be wrapped onto it.
+ * backtrace a frame a line, cut at the warning's 1023 characters). Memory
+ * it did not allocate cannot be wrapped onto it.
  */
 CUBUF_API cubuf_status_t cubuf_tracking_adaptor_create(cubuf_resource_t *upstream, bool backtraces,
                                                        cubuf_resource_t **out);

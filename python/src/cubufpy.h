@@ -142,7 +142,8 @@ cubuf_context_t *cbp_device_context(int device);
  * event recorded on producer, waited on by consumer); nothing when they are
  * the same stream or the producer's work is done. A producer that captures
  * joins the consumer to its capture; the legacy stream while a capture
- * depends on it is refused (CUBUF_ERROR_STREAM_CAPTURING). device: the context both belong to. 0 or -1 with an exception. */
+ * depends on it is refused (CUBUF_ERROR_STREAM_CAPTURING). device: the
+ * context both belong to. 0 or -1 with an exception. */
 int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
 
 /* Waits for the work queued on `stream` of device's context so far, without

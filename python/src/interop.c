@@ -36,7 +36,6 @@ static PyObject *api_stream_int(CUstream s)
 
 static bool is_cuda_type(int32_t t) { return t == kDLCUDA || t == kDLCUDAManaged; }
 
-
 /* ---- export ---------------------------------------------------------------- */
 
 /* The deleters of the tensors __dlpack__ exports are cubuf's, wrapped: a
