@@ -251,6 +251,19 @@ static void end_capture_ok(CUstream stream)
     if (graph) T_CU(cuGraphDestroy, graph);
 }
 
+/* Ends t's capture (checked intact), then gives every block back, forgets
+ * and destroys both streams: the blocks kept for the capture go now. */
+static void end_and_drain(cubuf_resource_t *c, CUstream t, CUstream s)
+{
+    end_capture_ok(t);
+    T_OK(cubuf_caching_trim(c, 0));
+    T_CHECK(cstats(c).cached_count == 0);
+    T_OK(cubuf_caching_forget_stream(c, t));
+    T_OK(cubuf_caching_forget_stream(c, s));
+    T_CU(cuStreamDestroy, t);
+    T_CU(cuStreamDestroy, s);
+}
+
 /* A trim while a stream that holds cached blocks captures: their frees
  * would be nodes of the capture (freeing nothing now), so they stay cached
  * and the trim says so; once the capture ends they go. */
@@ -267,13 +280,7 @@ static void test_trim_while_capturing(void)
     T_CHECK(strstr(cubuf_last_error(), "while it captures") != NULL);
     cubuf_caching_stats_t st = cstats(c);
     T_CHECK(st.cached_count == 2 && st.cached_bytes == 2 * 4096); /* s's blocks went, t's stayed */
-    end_capture_ok(t);
-    T_OK(cubuf_caching_trim(c, 0));
-    T_CHECK(cstats(c).cached_count == 0);
-    T_OK(cubuf_caching_forget_stream(c, t));
-    T_OK(cubuf_caching_forget_stream(c, s));
-    T_CU(cuStreamDestroy, t);
-    T_CU(cuStreamDestroy, s);
+    end_and_drain(c, t, s);
     cubuf_resource_release(c);
     cubuf_resource_release(pool);
 }
@@ -333,13 +340,7 @@ static void test_trim_failure_order(void)
         T_CHECK(strstr(cubuf_last_error(), "CUDA_ERROR_UNKNOWN") != NULL);
         T_CHECK(cubuf_last_cuda_result() == CUDA_ERROR_UNKNOWN);
         T_CHECK(cstats(c).cached_count == 4); /* t's kept, s's first free failed */
-        end_capture_ok(t);
-        T_OK(cubuf_caching_trim(c, 0));
-        T_CHECK(cstats(c).cached_count == 0);
-        T_OK(cubuf_caching_forget_stream(c, t));
-        T_OK(cubuf_caching_forget_stream(c, s));
-        T_CU(cuStreamDestroy, t);
-        T_CU(cuStreamDestroy, s);
+        end_and_drain(c, t, s);
         cubuf_resource_release(c);
     }
     T_CHECK(pool_stats(pool).pool_used_current == 0);

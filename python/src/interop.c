@@ -133,11 +133,11 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     /* The consumer's stream waits for the work queued through this buffer. */
     CUstream consumer = CU_STREAM_LEGACY;
     bool none = true;
-    /* A CPU export takes no stream but -1 (the array API). */
-    if (as_cpu && a[0] && a[0] != Py_None && !(PyLong_Check(a[0]) && PyLong_AsLongLong(a[0]) == -1)) {
-        if (PyErr_Occurred()) return NULL;
-        return PyErr_Format(PyExc_BufferError, "__dlpack__: an export as the CPU's (dl_device=(1, 0)) "
-                                               "takes stream None or -1");
+    if (as_cpu && a[0] && a[0] != Py_None) { /* a CPU export takes no stream but -1 (the array API) */
+        if (api_stream(a[0], &consumer, &none) < 0) return NULL;
+        if (!none)
+            return PyErr_Format(PyExc_BufferError, "__dlpack__: an export as the CPU's (dl_device=(1, 0)) "
+                                                   "takes stream None or -1");
     }
     const bool host_consumer = dt == kDLCUDAHost && (!a[0] || a[0] == Py_None);
     if (!host_consumer && (is_cuda_type(dt) || dt == kDLCUDAHost)) { /* a CUDA consumer of pinned memory gives its stream */

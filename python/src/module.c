@@ -363,15 +363,10 @@ int cbp_stream_sync(int device, CUstream stream, PyObject *exc, const char *what
     if (!ctx) return -1;
     CUcontext h = NULL;
     cubuf_context_handle(ctx, &h);
-    cubuf_ctx_guard_t g;
+    const cubuf_stream_token_t t = {stream, h}; /* a default stream is the context's */
     cubuf_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    /* A default stream is the context's. */
-    if ((st = cubuf__stream_refuse_capture(stream, h, what)) == CUBUF_SUCCESS &&
-        (st = cubuf__ctx_push(h, &g)) == CUBUF_SUCCESS) {
-        st = cubuf_stream_synchronize(stream);
-        cubuf__ctx_pop(&g);
-    }
+    if ((st = cubuf__stream_refuse_capture(stream, h, what)) == CUBUF_SUCCESS) st = cubuf__stream_sync(&t);
     Py_END_ALLOW_THREADS
     return st == CUBUF_SUCCESS ? 0 : (cbp_fail_as(exc, st, what), -1);
 }

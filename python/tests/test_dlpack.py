@@ -344,6 +344,9 @@ def test_pinned_memory_as_the_cpus():
     assert a.ctypes.data == b.handle and a.tobytes() == bytes([5]) * 64
     with pytest.raises(BufferError, match="stream None or -1"):
         b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), stream=1)
+    with pytest.raises(OverflowError):
+        b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), stream=2**70)
+    assert _tensor_data(b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), stream=-1)) == (b.handle, (1, 0))
     with pytest.raises(BufferError, match="DLPack device"):
         cubuf.DeviceMemoryResource(0).allocate(64).__dlpack__(dl_device=(1, 0))  # device memory is not the CPU's
     del a, cap
