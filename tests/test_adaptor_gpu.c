@@ -307,11 +307,12 @@ static void *work(void *arg)
 
 /* `cubuf replay LOG --resource KIND` on the device, its output echoed:
  * whether a line said `expect`, whether the per-operation rows came;
- * returns its status. */
-static int replay_on(const char *path, const char *kind, const char *expect, bool *saw, bool *rows)
+ * returns its status. `env`: assignments for the tool's environment. */
+static int replay_env(const char *env, const char *path, const char *kind, const char *expect, bool *saw,
+                      bool *rows)
 {
-    char cmd[512], line[256];
-    snprintf(cmd, sizeof cmd, "%s replay %s --resource %s --rounds 1 2>&1", CUBUF_TOOL, path, kind);
+    char cmd[2048], line[256];
+    snprintf(cmd, sizeof cmd, "%s %s replay %s --resource %s --rounds 1 2>&1", env, CUBUF_TOOL, path, kind);
     FILE *pipe = popen(cmd, "r");
     while (pipe && fgets(line, sizeof line, pipe)) {
         fputs(line, stdout);
@@ -319,6 +320,11 @@ static int replay_on(const char *path, const char *kind, const char *expect, boo
         *rows |= strstr(line, "free     cubuf") != NULL && strstr(line, "ratio") != NULL;
     }
     return pipe ? pclose(pipe) : -1;
+}
+
+static int replay_on(const char *path, const char *kind, const char *expect, bool *saw, bool *rows)
+{
+    return replay_env("", path, kind, expect, saw, rows);
 }
 
 static int replay(const char *path, const char *expect, bool *saw, bool *rows)
@@ -454,6 +460,38 @@ static void test_replay_free_size(void)
     unlink(path);
 }
 
+/* A free that fails during a replay: the tool's driver is a stand-in
+ * (tests/shim_libcuda.c) over the real one that fails the third
+ * cuMemFreeAsync: the first round replays the raw side (two frees), then
+ * cubuf's side, whose first free fails. The round stops, and the tool frees
+ * both allocations it left, the one whose free failed too (it used to
+ * forget that one). */
+static void test_replay_failed_free(void)
+{
+    static const char log[] =
+        "# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status\n"
+        "0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS\n"
+        "0,6,7,(nil),allocate,0x3000,512,CUBUF_SUCCESS\n"
+        "1,7,7,(nil),free,0x2000,256,CUBUF_SUCCESS\n"
+        "3,8,7,(nil),free,0x3000,512,CUBUF_SUCCESS\n";
+    char path[] = "/tmp/cubuf_replay_f_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    T_REQUIRE(f ? CUBUF_SUCCESS : CUBUF_ERROR_SYSTEM);
+    fputs(log, f);
+    fclose(f);
+    const char *target = getenv("CUBUF_LIBCUDA"); /* the test driver, or the real one */
+    char env[1024];
+    snprintf(env, sizeof env, "CUBUF_SHIM_TARGET='%s' CUBUF_LIBCUDA='%s' CUBUF_SHIM_FAIL_FREE=3",
+             target && *target ? target : "libcuda.so.1", CUBUF_SHIM_LIBCUDA);
+    bool failed_free = false, freed = false, rows = false;
+    int rc = replay_env(env, path, "device", "free of allocation 0 failed", &failed_free, &rows);
+    T_CHECK(rc != 0 && failed_free && !rows);
+    rc = replay_env(env, path, "device", "freed 2 of the 2 allocation(s) the failed round left", &freed, &rows);
+    T_CHECK(rc != 0 && freed);
+    unlink(path);
+}
+
 /* Lines the tool refuses (exit 2, naming the line) rather than replaying
  * what it could make of them: a field after the status, text after it, a
  * negative size, one past SIZE_MAX, and a line longer than the tool reads
@@ -540,6 +578,7 @@ int main(void)
     test_replay_versions();
     test_replay_malformed();
     test_replay_free_size();
+    test_replay_failed_free();
     cubuf_resource_release(pool);
     T_CU(cuStreamDestroy, g_s);
     cubuf_context_destroy(ctx);

@@ -331,12 +331,13 @@ static void *replay_thread(void *arg)
                                   : r->side.raw->free(d, s) == CUDA_SUCCESS;
             ns[1] += now_ns() - t0;
             n[1]++;
-            atomic_store(&r->ptrs[e->id], 0);
-            if (!ok) {
+            if (!ok) { /* still allocated: the round's end frees it */
                 fprintf(stderr, "cubuf replay: free of allocation %ld failed: %s\n", e->id,
                         r->side.res ? cubuf_last_error() : "the raw driver pool");
                 atomic_store(&r->failed, 1);
+                break;
             }
+            atomic_store(&r->ptrs[e->id], 0);
         }
     }
     pthread_mutex_lock(&r->lock);
@@ -372,22 +373,29 @@ static int replay_once(const plan_t *p, side_t side, const raw_driver_t *drv, CU
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.lock);
-    /* A failed round leaves what it allocated: freed here once the device
-     * is idle, on the stream it was allocated on. */
-    if (atomic_load(&r.failed)) drv->ctx_sync();
-    for (long i = 0; atomic_load(&r.failed) && i < p->nev; i++) {
+    /* A failed round leaves what it allocated (a failed free included):
+     * freed here once the device is idle, on the stream it was allocated on. */
+    const bool failed = atomic_load(&r.failed);
+    long freed = 0, lost = 0;
+    if (failed) drv->ctx_sync();
+    for (long i = 0; failed && i < p->nev; i++) {
         const event_t *e = &p->ev[i];
         CUdeviceptr d = e->alloc ? atomic_load(&r.ptrs[e->id]) : 0;
         if (!d) continue;
-        if (r.side.res)
-            (void)cubuf_resource_deallocate_raw(r.side.res, d, e->size, streams[e->stream]);
-        else
-            (void)r.side.raw->free(d, streams[e->stream]);
+        const bool ok = r.side.res
+                            ? cubuf_resource_deallocate_raw(r.side.res, d, e->size, streams[e->stream]) ==
+                                  CUBUF_SUCCESS
+                            : r.side.raw->free(d, streams[e->stream]) == CUDA_SUCCESS;
+        freed += ok;
+        lost += !ok;
         atomic_store(&r.ptrs[e->id], 0);
     }
+    if (failed)
+        fprintf(stderr, "cubuf replay: freed %ld of the %ld allocation(s) the failed round left\n", freed,
+                freed + lost);
     free(r.ptrs);
     for (int k = 0; k < 2; k++) mean[k] = r.n[k] ? r.ns[k] / (double)r.n[k] : 0;
-    return atomic_load(&r.failed) ? 1 : 0;
+    return failed ? 1 : 0;
 }
 
 static int cmp_double(const void *a, const void *b)
