@@ -130,8 +130,17 @@ typedef struct ring_slot {
     log_ring_t *ring;
 } ring_slot_t;
 
-static _Thread_local ring_slot_t tls_rings[LOG_CACHE];
-static _Thread_local unsigned tls_next_slot;
+/* What a thread keeps: its rings of the last adaptors it logged through,
+ * and the adaptor whose line callback it is in (for the flush that callback
+ * may ask for, which would wait for the output lock it runs under). */
+typedef struct log_tls {
+    ring_slot_t rings[LOG_CACHE];
+    unsigned next_slot;
+    const struct log_adaptor *in_callback;
+} log_tls_t;
+
+static _Thread_local log_tls_t tls;
+static CUBUF_TLS_ACCESSOR log_tls_t *mine(void) { return &tls; }
 
 /* Whether no thread of this process has kernel id `tid` now. A thread's
  * exit passes the kernel's barriers before its id stops being found, so
@@ -170,15 +179,17 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
     if (r) {
         r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
         r->poked_at = UINT64_MAX;
-        tls_rings[tls_next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
+        log_tls_t *t = mine();
+        t->rings[t->next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
     }
     return r;
 }
 
 static inline log_ring_t *ring_of(log_adaptor_t *l)
 {
+    const ring_slot_t *rings = mine()->rings;
     for (int i = 0; i < LOG_CACHE; i++)
-        if (tls_rings[i].id == l->id) return tls_rings[i].ring;
+        if (rings[i].id == l->id) return rings[i].ring;
     return ring_slow(l);
 }
 
@@ -459,16 +470,13 @@ static cubuf_status_t write_failed(void)
     return cubuf__fail(CUBUF_ERROR_SYSTEM, "logging adaptor: cannot write the log: %s", strerror(errno));
 }
 
-/* The adaptor whose line callback this thread is in, for the flush that
- * callback may ask for (it would wait for the output lock it runs under). */
-static _Thread_local const log_adaptor_t *tls_in_callback;
-
 static void call_back(log_adaptor_t *l, const char *line)
 {
-    const log_adaptor_t *outer = tls_in_callback;
-    tls_in_callback = l;
+    log_tls_t *t = mine();
+    const log_adaptor_t *outer = t->in_callback;
+    t->in_callback = l;
     l->callback(l->user, line);
-    tls_in_callback = outer;
+    t->in_callback = outer;
 }
 
 static cubuf_status_t emit(log_adaptor_t *l, const char *line)
@@ -676,7 +684,7 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
 cubuf_status_t cubuf_log_adaptor_flush(cubuf_resource_t *res)
 {
     CHECK_ARG(res && res->vt == &log_vtbl, "cubuf_log_adaptor_flush: not a logging adaptor");
-    if (tls_in_callback == res->impl)
+    if (mine()->in_callback == res->impl)
         return cubuf__fail(CUBUF_ERROR_BUSY, "cubuf_log_adaptor_flush: called from the adaptor's own "
                                              "line callback, while it writes");
     return flush(res->impl);

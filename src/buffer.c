@@ -10,7 +10,8 @@
  * the object would add a visible share of that on the hot path. Objects
  * freed on one thread may be reused by it; a thread's cache is freed when
  * the thread exits. */
-_Thread_local cubuf__buffer_cache_t *cubuf__tls_cache;
+static _Thread_local cubuf__buffer_cache_t *tls_cache;
+CUBUF_TLS_ACCESSOR cubuf__buffer_cache_t **cubuf__buffer_cache_slot(void) { return &tls_cache; }
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static bool cache_key_ok;
@@ -20,7 +21,7 @@ static void cache_destroy(void *p)
     cubuf__buffer_cache_t *c = p;
     for (unsigned i = 0; i < c->n; i++) free(c->objs[i]);
     free(c);
-    cubuf__tls_cache = NULL; /* runs on the exiting thread itself */
+    *cubuf__buffer_cache_slot() = NULL; /* runs on the exiting thread itself */
 }
 
 static void cache_key_make(void) { cache_key_ok = pthread_key_create(&cache_key, cache_destroy) == 0; }
@@ -28,7 +29,8 @@ static void cache_key_make(void) { cache_key_ok = pthread_key_create(&cache_key,
 /* This thread's cache, made on first use; NULL if it cannot be made. */
 static cubuf__buffer_cache_t *thread_cache(void)
 {
-    if (cubuf__tls_cache) return cubuf__tls_cache;
+    cubuf__buffer_cache_t **slot = cubuf__buffer_cache_slot();
+    if (*slot) return *slot;
     pthread_once(&cache_once, cache_key_make);
     if (!cache_key_ok) return NULL;
     cubuf__buffer_cache_t *c = cubuf__calloc(1, sizeof *c);
@@ -37,7 +39,7 @@ static cubuf__buffer_cache_t *thread_cache(void)
         free(c);
         return NULL;
     }
-    return cubuf__tls_cache = c;
+    return *slot = c;
 }
 
 cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out)

@@ -37,10 +37,12 @@ typedef struct cubuf__buffer_cache {
     cubuf_buffer_t *objs[CUBUF__BUFFER_CACHE_MAX];
     unsigned n;
 } cubuf__buffer_cache_t;
-/* The default TLS model on purpose: initial-exec would mark the shared
- * library STATIC_TLS, and a late dlopen (Python's ctypes) of its 1 KiB of
- * thread-local data can then fail for want of static TLS space. */
-extern _Thread_local cubuf__buffer_cache_t *cubuf__tls_cache;
+/* This thread's cache pointer (NULL until thread_cache in buffer.c makes
+ * one): a thread-local of the default model on purpose (initial-exec would
+ * mark the shared library STATIC_TLS, and a late dlopen of its 1 KiB of
+ * thread-local data could then fail for want of static TLS space), read
+ * through this function only (CUBUF_TLS_ACCESSOR, common.h). */
+cubuf__buffer_cache_t **cubuf__buffer_cache_slot(void);
 
 cubuf_status_t cubuf__buffer_new_slow(cubuf_buffer_t **out);
 void cubuf__buffer_discard_slow(cubuf_buffer_t *buf);
@@ -70,7 +72,7 @@ static inline void cubuf__buffer_init(cubuf_buffer_t *buf)
 /* A zeroed open buffer with one reference. */
 static inline cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
 {
-    cubuf__buffer_cache_t *c = cubuf__tls_cache;
+    cubuf__buffer_cache_t *c = *cubuf__buffer_cache_slot();
     if (!c || !c->n) return cubuf__buffer_new_slow(out);
     cubuf_buffer_t *buf = c->objs[--c->n];
     cubuf__buffer_init(buf);
@@ -81,7 +83,7 @@ static inline cubuf_status_t cubuf__buffer_new(cubuf_buffer_t **out)
 /* Frees the struct of a buffer that owns nothing (any more). */
 static inline void cubuf__buffer_discard(cubuf_buffer_t *buf)
 {
-    cubuf__buffer_cache_t *c = cubuf__tls_cache;
+    cubuf__buffer_cache_t *c = *cubuf__buffer_cache_slot();
     if (c && c->n < CUBUF__BUFFER_CACHE_MAX) c->objs[c->n++] = buf;
     else cubuf__buffer_discard_slow(buf);
 }

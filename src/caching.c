@@ -10,7 +10,7 @@
  * (stealing across streams with the one event, giving blocks back, the
  * statistics). The order is always mutex, then stream locks; no stream
  * lock is held while taking the mutex, and none across an upstream call.
- * Each thread remembers the stream states it used (tls_slots), keyed by the
+ * Each thread remembers the stream states it used (caching_tls_t), keyed by the
  * resource's id, which is never reused, so a stale entry never matches. */
 #include <pthread.h>
 #include <stdio.h>
@@ -71,9 +71,15 @@ typedef struct tls_slot {
     cstream_t *cs;
 } tls_slot_t;
 
-static _Thread_local tls_slot_t tls_slots[TLS_SLOTS];
-static _Thread_local unsigned tls_next;
-static _Thread_local uint64_t tls_thread_key;
+/* What a thread keeps: the stream states it used, and its key. */
+typedef struct caching_tls {
+    tls_slot_t slots[TLS_SLOTS];
+    unsigned next;
+    uint64_t thread_key;
+} caching_tls_t;
+
+static _Thread_local caching_tls_t tls;
+static CUBUF_TLS_ACCESSOR caching_tls_t *mine(void) { return &tls; }
 static atomic_uint_least64_t next_id = 1, next_thread_key = 1;
 
 /* ---- size classes ---- */
@@ -111,8 +117,9 @@ static inline void cs_unlock(cstream_t *cs) { cubuf__unlock(&cs->lock); }
 
 static uint64_t thread_key(void)
 {
-    if (!tls_thread_key) tls_thread_key = atomic_fetch_add(&next_thread_key, 1);
-    return tls_thread_key;
+    caching_tls_t *t = mine();
+    if (!t->thread_key) t->thread_key = atomic_fetch_add(&next_thread_key, 1);
+    return t->thread_key;
 }
 
 static inline CUstream stream_key(CUstream s) { return s == CU_STREAM_LEGACY ? NULL : s; }
@@ -141,16 +148,17 @@ static cstream_t *stream_state_slow(caching_t *c, CUstream s)
         cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "caching resource: cannot allocate a stream's state");
         return NULL;
     }
-    tls_slots[tls_next % TLS_SLOTS] = (tls_slot_t){c->id, s, cs};
-    tls_next++;
+    caching_tls_t *t = mine();
+    t->slots[t->next++ % TLS_SLOTS] = (tls_slot_t){c->id, s, cs};
     return cs;
 }
 
 static inline cstream_t *stream_state(caching_t *c, CUstream s)
 {
     s = stream_key(s);
+    const tls_slot_t *slots = mine()->slots;
     for (unsigned i = 0; i < TLS_SLOTS; i++)
-        if (tls_slots[i].id == c->id && tls_slots[i].stream == s) return tls_slots[i].cs;
+        if (slots[i].id == c->id && slots[i].stream == s) return slots[i].cs;
     return stream_state_slow(c, s);
 }
 

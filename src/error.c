@@ -27,41 +27,50 @@ const char *cubuf_status_string(cubuf_status_t status)
     return "unknown status";
 }
 
-static _Thread_local char last_error[1024];
-static _Thread_local CUresult last_cu;
+#define DETAIL_MAX 1024
 
-const char *cubuf_last_error(void) { return last_error; }
-CUresult cubuf_last_cuda_result(void) { return last_cu; }
-void cubuf__set_last_cu(CUresult r) { last_cu = r; }
-void cubuf__detail_clear(void) { last_error[0] = '\0'; }
+typedef struct error_tls {
+    char last_error[DETAIL_MAX];
+    CUresult last_cu;
+} error_tls_t;
+
+static _Thread_local error_tls_t tls;
+static CUBUF_TLS_ACCESSOR error_tls_t *mine(void) { return &tls; }
+
+const char *cubuf_last_error(void) { return mine()->last_error; }
+CUresult cubuf_last_cuda_result(void) { return mine()->last_cu; }
+void cubuf__set_last_cu(CUresult r) { mine()->last_cu = r; }
+void cubuf__detail_clear(void) { mine()->last_error[0] = '\0'; }
 
 cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
 {
     /* The detail may be built from the previous one (vsnprintf from itself is
      * undefined), so format into a scratch buffer first. */
-    char tmp[sizeof last_error];
+    error_tls_t *t = mine();
+    char tmp[DETAIL_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    memcpy(last_error, tmp, sizeof tmp);
+    memcpy(t->last_error, tmp, sizeof tmp);
     if (!strstr(tmp, "failed: CUDA_ERROR") && !strstr(tmp, "failed: CUresult"))
-        last_cu = CUDA_SUCCESS;
+        t->last_cu = CUDA_SUCCESS;
     return st;
 }
 
 void cubuf__detail_append(const char *fmt, ...)
 {
+    char *last_error = mine()->last_error;
     size_t n = strlen(last_error);
-    if (n + 4 >= sizeof last_error) return;
+    if (n + 4 >= DETAIL_MAX) return;
     last_error[n++] = ' ';
     last_error[n++] = '(';
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error + n, sizeof last_error - n - 1, fmt, ap);
+    vsnprintf(last_error + n, DETAIL_MAX - n - 1, fmt, ap);
     va_end(ap);
     n = strlen(last_error);
-    if (n + 1 < sizeof last_error) {
+    if (n + 1 < DETAIL_MAX) {
         last_error[n] = ')';
         last_error[n + 1] = '\0';
     }

@@ -10,7 +10,7 @@
  * objects and those allocations fail in turn too. */
 static inline void t_fail_alloc_nth(unsigned nth)
 {
-    cubuf__buffer_cache_t *c = cubuf__tls_cache;
+    cubuf__buffer_cache_t *c = *cubuf__buffer_cache_slot();
     while (c && c->n) free(c->objs[--c->n]);
     cubuf_fault_fail_alloc_nth(nth);
 }

@@ -1,0 +1,46 @@
+#!/bin/sh
+# Every TLS descriptor call in the given binaries sits in a function that
+# does nothing else (CUBUF_TLS_ACCESSOR, src/common.h): glibc before 2.40
+# may change vector registers on the descriptor's dynamic path (BZ#31372),
+# which the compiler takes to keep every register; a function that only
+# returns the address, called as an ordinary function, leaves its callers
+# nothing to lose. A descriptor call is `lea X(%rip),%rax` then
+# `call *(%rax)`; a build without descriptors (another compiler) has none.
+set -eu
+status=0
+for bin in "$@"; do
+    objdump -d --no-show-raw-insn "$bin" | awk -v bin="$bin" '
+        function finish() {
+            if (sites > 0) {
+                total += sites
+                if (other_calls > 0 || vec > 0 || n > 8) {
+                    printf "%s: %s: a TLS descriptor call in a function that does more " \
+                           "(%d instructions, %d other calls, %d vector-register uses)\n",
+                           bin, fn, n, other_calls, vec
+                    bad++
+                }
+            }
+            sites = other_calls = vec = n = 0
+            prev = ""
+        }
+        /^[0-9a-f]+ <.*>:$/ { finish(); fn = $2; gsub(/^<|>:$/, "", fn); next }
+        /^ +[0-9a-f]+:\t/ {
+            split($0, parts, "\t")
+            insn = parts[2]
+            n++
+            if (insn ~ /%[xyz]mm/) vec++
+            if (insn ~ /^call +\*\(%rax\)/ && prev ~ /^lea +(0x[0-9a-f]+|-?[0-9]+)?\(%rip\),%rax/) {
+                sites++
+                other_calls--
+            }
+            if (insn ~ /^call/) other_calls++
+            prev = insn
+        }
+        END {
+            finish()
+            if (bad) exit 1
+            if (total) printf "%s: %d TLS descriptor calls, each in a function of its own\n", bin, total
+            else printf "%s: no TLS descriptor calls\n", bin
+        }' || status=1
+done
+exit $status
