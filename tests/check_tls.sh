@@ -1,15 +1,18 @@
 #!/bin/sh
-# Every TLS descriptor call in the given binaries sits in a function that
+# Every TLS descriptor call in the given static libraries or object files
+# sits in a function that
 # does nothing else (CUBUF_TLS_ACCESSOR, src/common.h): glibc before 2.40
 # may change vector registers on the descriptor's dynamic path (BZ#31372),
 # which the compiler takes to keep every register; a function that only
 # returns the address, called as an ordinary function, leaves its callers
-# nothing to lose. A descriptor call is `lea X(%rip),%rax` then
-# `call *(%rax)`; a build without descriptors (another compiler) has none.
+# nothing to lose. The descriptor calls are found by their relocation
+# (R_X86_64_TLSDESC_CALL) in static libraries or object files, as the
+# shared library is linked from the same objects; a build without
+# descriptors (another compiler, another dialect) has none.
 set -eu
 status=0
 for bin in "$@"; do
-    objdump -d --no-show-raw-insn "$bin" | awk -v bin="$bin" '
+    objdump -dr --no-show-raw-insn "$bin" | awk -v bin="$bin" '
         function finish() {
             if (sites > 0) {
                 total += sites
@@ -21,20 +24,15 @@ for bin in "$@"; do
                 }
             }
             sites = other_calls = vec = n = 0
-            prev = ""
         }
         /^[0-9a-f]+ <.*>:$/ { finish(); fn = $2; gsub(/^<|>:$/, "", fn); next }
+        /R_X86_64_TLSDESC_CALL/ { sites++; other_calls--; next }
         /^ +[0-9a-f]+:\t/ {
             split($0, parts, "\t")
             insn = parts[2]
             n++
             if (insn ~ /%[xyz]mm/) vec++
-            if (insn ~ /^call +\*\(%rax\)/ && prev ~ /^lea +(0x[0-9a-f]+|-?[0-9]+)?\(%rip\),%rax/) {
-                sites++
-                other_calls--
-            }
             if (insn ~ /^call/) other_calls++
-            prev = insn
         }
         END {
             finish()
