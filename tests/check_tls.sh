@@ -1,14 +1,14 @@
 #!/bin/sh
 # Every TLS descriptor call in the given static libraries or object files
-# sits in a function that
-# does nothing else (CUBUF_TLS_ACCESSOR, src/common.h): glibc before 2.40
-# may change vector registers on the descriptor's dynamic path (BZ#31372),
-# which the compiler takes to keep every register; a function that only
-# returns the address, called as an ordinary function, leaves its callers
-# nothing to lose. The descriptor calls are found by their relocation
-# (R_X86_64_TLSDESC_CALL) in static libraries or object files, as the
-# shared library is linked from the same objects; a build without
-# descriptors (another compiler, another dialect) has none.
+# sits in a function that does nothing else (CUBUF_TLS_ACCESSOR,
+# src/common.h): glibc before 2.40 may change vector registers on the
+# descriptor's dynamic path (BZ#31372), which the compiler takes to keep
+# every register; a function that only returns the address, called as an
+# ordinary function, leaves its callers nothing to lose. The descriptor
+# calls are found by their relocation (R_X86_64_TLSDESC_CALL), so in
+# static libraries or object files: the shared library is linked from the
+# same objects. A build without descriptors (another compiler, another
+# dialect) has none.
 set -eu
 status=0
 for bin in "$@"; do
