@@ -38,7 +38,9 @@
 
 #include "adaptor_base.h"
 
-#define LOG_RING 2048               /* events per thread, a power of two */
+#define LOG_RING_DEFAULT 16384      /* events per thread (options->ring_events 0) */
+#define LOG_RING_MIN 128            /* and the least and most a ring may hold */
+#define LOG_RING_MAX (1u << 24)
 #define LOG_CACHE 4                 /* adaptors a thread remembers its rings of */
 #define LOG_TICK_NS 1000000         /* the writer's clock period while events come */
 #define LOG_REST_NS 100000000       /* its period after LOG_QUIET_TICKS without one */
@@ -63,8 +65,8 @@ typedef struct log_event {
 typedef struct log_ring {
     /* The owner's line. */
     _Atomic uint64_t head; /* events written */
-    uint64_t tail_seen;    /* tail as last read */
-    uint64_t poked_at;     /* the tail_seen at which the writer was last woken */
+    uint64_t check_at;     /* the head at which to look at the tail again */
+    uint64_t poked_at;     /* the tail at which the writer was last woken */
     uint64_t last_time;    /* times never go back within a thread */
     int32_t tid;           /* the owner's (set under ring_lock when taken) */
     char pad0[128 - 40];
@@ -72,7 +74,7 @@ typedef struct log_ring {
     _Atomic uint64_t tail; /* events written out */
     struct log_ring *next; /* the adaptor's list, prepended under ring_lock */
     char pad1[128 - 16];
-    log_event_t ev[LOG_RING];
+    log_event_t ev[]; /* the adaptor's ring_events */
 } log_ring_t;
 
 /* What the last line had, kept by the writer: a time, a thread and a
@@ -97,6 +99,7 @@ typedef struct log_adaptor {
     char pad2[120];
     /* Set at create. */
     uint64_t id;
+    uint64_t ring; /* events a ring holds, a power of two */
     bool precise;
     FILE *file;
     cubuf_log_line_fn callback;
@@ -169,7 +172,7 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
          * that makes all it did with the ring happen before what we do. */
         (void)atomic_load_explicit(&r->head, memory_order_acquire);
         r->tid = tid;
-    } else if ((r = cubuf__malloc(sizeof *r))) {
+    } else if ((r = cubuf__malloc(sizeof *r + l->ring * sizeof r->ev[0]))) {
         memset(r, 0, offsetof(log_ring_t, ev));
         r->tid = tid;
         r->next = first;
@@ -177,7 +180,7 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
     }
     pthread_mutex_unlock(&l->ring_lock);
     if (r) {
-        r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+        r->check_at = atomic_load_explicit(&r->tail, memory_order_acquire) + l->ring / 2;
         r->poked_at = UINT64_MAX;
         log_tls_t *t = mine();
         t->rings[t->next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
@@ -232,22 +235,25 @@ static inline void prefetch_write(const void *p)
 #endif
 }
 
-/* The ring is at least half full as last seen: read the tail again; wake
- * the writer once per tail it has left. When full, wait while the writer
- * frees space (it does every LOG_CHUNK events), spinning and yielding now
- * and then; after LOG_FULL_WAIT_NS without space, write the log here if
- * nobody is writing it (whoever is, a slow callback included, frees space
- * as it goes: the thread keeps waiting, at the writer's pace). */
+/* The thread has written up to check_at: look at the tail, which the
+ * writer moves a chunk (LOG_CHUNK events) at a time. At least half full:
+ * wake the writer once per tail it has left, and when full, wait while it
+ * frees space, spinning and yielding now and then; after LOG_FULL_WAIT_NS
+ * without space, write the log here if nobody is writing it (whoever is, a
+ * slow callback included, frees space as it goes: the thread keeps waiting,
+ * at the writer's pace). Then set when to look again: at half full, or past
+ * it a chunk later, never past full. Looking at every event past half full
+ * would read the writer's line at every event while it works. */
 static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
 {
-    r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
-    if (h - r->tail_seen < LOG_RING / 2) return;
-    if (r->poked_at != r->tail_seen) {
-        r->poked_at = r->tail_seen;
+    const uint64_t ring = l->ring;
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    if (h - tail >= ring / 2 && r->poked_at != tail) {
+        r->poked_at = tail;
         poke(l);
     }
     int64_t give_up = 0;
-    for (unsigned i = 1; h - r->tail_seen >= LOG_RING; i++) {
+    for (unsigned i = 1; h - tail >= ring; i++) {
         for (int k = 0; k < 32; k++) cubuf__cpu_relax();
         if (i % 64 == 0) sched_yield(); /* the writer may share this core */
         if (i % 16 == 0) {
@@ -260,8 +266,10 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
                 give_up = 0;
             }
         }
-        r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+        tail = atomic_load_explicit(&r->tail, memory_order_acquire);
     }
+    if (h - tail < ring / 2) r->check_at = tail + ring / 2;
+    else r->check_at = h + LOG_CHUNK < tail + ring ? h + LOG_CHUNK : tail + ring;
 }
 
 static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream, CUdeviceptr ptr,
@@ -278,11 +286,12 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream
         return;
     }
     const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
-    if (__builtin_expect(h - r->tail_seen >= LOG_RING / 2, 0)) make_room(l, r, h);
+    if (__builtin_expect(h >= r->check_at, 0)) make_room(l, r, h);
     if (t < r->last_time) t = r->last_time;
     r->last_time = t;
-    r->ev[h & (LOG_RING - 1)] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int16_t)st};
-    prefetch_write(&r->ev[(h + LOG_AHEAD) & (LOG_RING - 1)]);
+    const uint64_t mask = l->ring - 1;
+    r->ev[h & mask] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int16_t)st};
+    prefetch_write(&r->ev[(h + LOG_AHEAD) & mask]);
     atomic_store_explicit(&r->head, h + 1, memory_order_release);
 }
 
@@ -526,9 +535,9 @@ static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads)
         uint64_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
         sum += h;
         for (unsigned chunk = 1; t < h; chunk++) {
-            const size_t at = (size_t)(t & (LOG_RING - 1));
+            const size_t at = (size_t)(t & (l->ring - 1));
             size_t n = (size_t)(h - t);
-            if (n > LOG_RING - at) n = LOG_RING - at;
+            if (n > l->ring - at) n = (size_t)(l->ring - at);
             if (n > LOG_CHUNK) n = LOG_CHUNK;
             cubuf_status_t wst = write_events(l, &r->ev[at], n);
             if (st == CUBUF_SUCCESS) st = wst;
@@ -642,6 +651,11 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
                                          CUBUF_LOG_OPTIONS_SIZE_V1);
     if (st != CUBUF_SUCCESS) return st;
     CHECK_ARG(!o.path != !o.callback, "%s: set exactly one of path and callback", what);
+    if (!o.ring_events) o.ring_events = LOG_RING_DEFAULT;
+    CHECK_ARG(o.ring_events >= LOG_RING_MIN && o.ring_events <= LOG_RING_MAX &&
+                  !(o.ring_events & (o.ring_events - 1)),
+              "%s: ring_events %zu is not 0 or a power of two from %u to %u", what, o.ring_events,
+              (unsigned)LOG_RING_MIN, (unsigned)LOG_RING_MAX);
     FILE *f = NULL;
     if (o.path && !(f = fopen(o.path, "we"))) {
         int e = errno;
@@ -654,6 +668,7 @@ cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream, const cubuf_
     }
     log_adaptor_t *l = res->impl;
     l->id = atomic_fetch_add(&next_id, 1);
+    l->ring = o.ring_events;
     l->precise = o.precise_time;
     l->file = f;
     l->callback = o.callback;

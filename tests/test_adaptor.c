@@ -405,6 +405,16 @@ static void test_log_callback(void)
     T_STATUS(cubuf_log_adaptor_create(up, &o, &lg), CUBUF_ERROR_INVALID_ARGUMENT); /* both */
     o.path = NULL;
     o.user = &got;
+    /* A ring of 0 (the default) or a power of two from 128 to 2^24 events. */
+    const size_t bad_rings[] = {1, 64, 100, 3000, (size_t)1 << 25, SIZE_MAX};
+    for (size_t i = 0; i < sizeof bad_rings / sizeof bad_rings[0]; i++) {
+        o.ring_events = bad_rings[i];
+        lg = NULL;
+        T_STATUS(cubuf_log_adaptor_create(up, &o, &lg), CUBUF_ERROR_INVALID_ARGUMENT);
+        T_CHECK(lg == NULL && strstr(cubuf_last_error(), "ring_events"));
+    }
+    T_CHECK(got.n == 0); /* nothing was written for them */
+    o.ring_events = 2048; /* the 5000 pairs below pass it */
     T_OK(cubuf_log_adaptor_create(up, &o, &lg));
     T_CHECK(got.n == 1 && got.v[0][0] == '#');
     CUdeviceptr p = 0;
@@ -538,11 +548,11 @@ static void test_log_callback_flush(void)
 }
 
 /* A writer slower than the program: a thread whose ring is full waits for
- * it, so the events made and not yet written never pass the ring's 2048
- * (the log's memory stays bounded), and every event still reaches the
- * callback once. The writer's callback returns only once the program has
- * made no event for 20 ms (or is done), so it is the slower one on any
- * machine. */
+ * it, so the events made and not yet written never pass the ring's size
+ * (2048 events here: the log's memory stays bounded), and every event
+ * still reaches the callback once. The writer's callback returns only once
+ * the program has made no event for 20 ms (or is done), so it is the
+ * slower one on any machine. */
 typedef struct slow_lines {
     atomic_long lines, last_event_ms;
     atomic_bool done;
@@ -572,6 +582,7 @@ static void test_log_backpressure(void)
     cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
     o.callback = slow_collect;
     o.user = &s;
+    o.ring_events = 2048;
     T_OK(cubuf_log_adaptor_create(up, &o, &lg));
     const long header = atomic_load(&s.lines); /* written at create */
     long most = 0, pairs;

@@ -155,9 +155,11 @@ typedef struct cubuf_log_options {
     cubuf_log_line_fn callback;  /**< or a function to receive the lines, or NULL */
     void *user;                  /**< passed to callback */
     bool precise_time;           /**< read the clock at every event (see below) */
+    size_t ring_events;          /**< events a thread's ring holds: 0 (16384) or a power of two,
+                                      128 to 2^24 (see below) */
 } cubuf_log_options_t;
 
-#define CUBUF_LOG_OPTIONS_INIT {sizeof(cubuf_log_options_t), NULL, NULL, NULL, false}
+#define CUBUF_LOG_OPTIONS_INIT {sizeof(cubuf_log_options_t), NULL, NULL, NULL, false, 0}
 #define CUBUF_LOG_OPTIONS_SIZE_V1 (offsetof(cubuf_log_options_t, user) + sizeof(void *))
 
 /**
@@ -180,8 +182,11 @@ typedef struct cubuf_log_options {
  * status name (a failed allocation logs pointer 0x0). Exactly one of
  * options->path and options->callback is set.
  *
- * Each thread keeps its events in a ring of its own (2048 events, about
- * 96 KiB, reused after the thread exits). The writer thread writes what
+ * Each thread keeps its events in a ring of its own, reused after the
+ * thread exits: options->ring_events events of 48 bytes, by default 16384
+ * (768 KiB of address space, its pages touched as events fill them). A
+ * smaller ring saves memory and wakes the writer thread more often; one
+ * wake costs the thread a system call. The writer thread writes what
  * the rings hold at least every millisecond and when a ring is half full;
  * a thread whose ring is full waits for space (and writes the log itself
  * when nobody has for 2 ms), so the log's memory stays bounded and a
@@ -194,8 +199,10 @@ typedef struct cubuf_log_options {
  * An adaptor made before fork() cannot be used in the child (it has no
  * writer thread there).
  *
- * Returns CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer
- * thread cannot start).
+ * Returns CUBUF_ERROR_INVALID_ARGUMENT (also: both or neither of path and
+ * callback, ring_events not 0 nor a power of two from 128 to 2^24),
+ * CUBUF_ERROR_SYSTEM (the file cannot be opened or the writer thread cannot
+ * start).
  */
 CUBUF_API cubuf_status_t cubuf_log_adaptor_create(cubuf_resource_t *upstream,
                                                   const cubuf_log_options_t *options,
