@@ -50,17 +50,29 @@
 #define LOG_TICK_CHUNKS 8           /* and a long one stores the clock this often */
 #define LOG_FULL_WAIT_NS 2000000    /* a full ring's wait for space before its thread writes */
 
-enum { OP_ALLOCATE, OP_FREE };
-
+/* An event, 32 bytes: two to a cache line. Its order tells the operation
+ * (even: an allocation, odd: a free). What changes rarely goes in a note,
+ * an entry of the ring whose order is LOG_NOTE and which says, in stream,
+ * what it sets to ptr for the events after it: the time (at most one note
+ * a millisecond while the writer's clock runs), the thread (when a thread
+ * takes a ring), the status (a failed operation's, for the next event
+ * only). A thread writes an event and its notes before it publishes them. */
 typedef struct log_event {
-    uint64_t order, time;
+    uint64_t order;
     CUstream stream;
     CUdeviceptr ptr;
     size_t size;
-    int32_t tid;
-    uint8_t op;
-    int16_t status;
 } log_event_t;
+
+#define LOG_NOTE UINT64_MAX
+enum { NOTE_TIME = 1, NOTE_THREAD, NOTE_STATUS };
+
+/* What the notes have set, as the writer reads a ring. */
+typedef struct log_state {
+    uint64_t time;
+    int32_t tid;
+    int32_t status; /* the next event's */
+} log_state_t;
 
 typedef struct log_ring {
     /* The owner's line. */
@@ -73,7 +85,8 @@ typedef struct log_ring {
     /* The reader's line. */
     _Atomic uint64_t tail; /* events written out */
     struct log_ring *next; /* the adaptor's list, prepended under ring_lock */
-    char pad1[128 - 16];
+    log_state_t state;     /* under out_lock */
+    char pad1[128 - 16 - sizeof(log_state_t)];
     log_event_t ev[]; /* the adaptor's ring_events */
 } log_ring_t;
 
@@ -123,7 +136,8 @@ static int64_t mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size_t n);
+static cubuf_status_t write_events(log_adaptor_t *l, log_state_t *state, const log_event_t *ev, size_t n);
+static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h);
 static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads);
 
 /* ---- finding the thread's ring ---- */
@@ -167,6 +181,7 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
     while (r && r->tid != tid) r = r->next; /* its own, or a dead thread's of the same id */
     for (log_ring_t *x = first; !r && x; x = x->next)
         if (thread_gone(x->tid)) r = x;
+    const bool noted = r && r->tid == tid; /* its own ring: its events are noted as its already */
     if (r) {
         /* The last thing its last owner did was publish an event: reading
          * that makes all it did with the ring happen before what we do. */
@@ -184,6 +199,13 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
         r->poked_at = UINT64_MAX;
         log_tls_t *t = mine();
         t->rings[t->next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
+        if (!noted) { /* the events after this one are this thread's */
+            const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
+            if (h >= r->check_at) make_room(l, r, h);
+            r->ev[h & (l->ring - 1)] = (log_event_t){LOG_NOTE, (CUstream)(uintptr_t)NOTE_THREAD,
+                                                      (CUdeviceptr)(uint32_t)tid, 0};
+            atomic_store_explicit(&r->head, h + 1, memory_order_release);
+        }
     }
     return r;
 }
@@ -213,11 +235,11 @@ static void warn_lost(void)
 }
 
 /* An event that has no ring, written at once (after what the rings hold). */
-static void write_alone(log_adaptor_t *l, const log_event_t *e)
+static void write_alone(log_adaptor_t *l, const log_event_t *e, log_state_t *state)
 {
     pthread_mutex_lock(&l->out_lock);
     cubuf_status_t st = write_rings(l, false, NULL);
-    if (st == CUBUF_SUCCESS) st = write_events(l, e, 1);
+    if (st == CUBUF_SUCCESS) st = write_events(l, state, e, 1);
     pthread_mutex_unlock(&l->out_lock);
     if (st != CUBUF_SUCCESS) warn_lost();
 }
@@ -272,8 +294,21 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
     else r->check_at = h + LOG_CHUNK < tail + ring ? h + LOG_CHUNK : tail + ring;
 }
 
-static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream, CUdeviceptr ptr,
-                   size_t size, cubuf_status_t st)
+/* Stores an entry at h, room made; returns the next slot. */
+static inline uint64_t put(log_adaptor_t *l, log_ring_t *r, uint64_t h, uint64_t order, CUstream stream,
+                           CUdeviceptr ptr, size_t size)
+{
+    if (__builtin_expect(h >= r->check_at, 0)) make_room(l, r, h);
+    log_event_t *e = &r->ev[h & (l->ring - 1)];
+    e->order = order;
+    e->stream = stream;
+    e->ptr = ptr;
+    e->size = size;
+    return h + 1;
+}
+
+static void record(log_adaptor_t *l, uint64_t order, CUstream stream, CUdeviceptr ptr, size_t size,
+                   cubuf_status_t st)
 {
     log_ring_t *r = ring_of(l);
     uint64_t t = l->precise ? 0 : atomic_load_explicit(&l->now, memory_order_relaxed);
@@ -281,18 +316,22 @@ static void record(log_adaptor_t *l, uint8_t op, uint64_t order, CUstream stream
     if (__builtin_expect(!r, 0)) {
         /* No ring (no memory for one): written now, its time not held back
          * to the thread's last. */
-        log_event_t e = {order, t, stream, ptr, size, cubuf__adaptor_thread_id(), op, (int16_t)st};
-        write_alone(l, &e);
+        log_event_t e = {order, stream, ptr, size};
+        log_state_t state = {t, cubuf__adaptor_thread_id(), (int32_t)st};
+        write_alone(l, &e, &state);
         return;
     }
-    const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
-    if (__builtin_expect(h >= r->check_at, 0)) make_room(l, r, h);
-    if (t < r->last_time) t = r->last_time;
-    r->last_time = t;
-    const uint64_t mask = l->ring - 1;
-    r->ev[h & mask] = (log_event_t){order, t, stream, ptr, size, r->tid, op, (int16_t)st};
-    prefetch_write(&r->ev[(h + LOG_AHEAD) & mask]);
-    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+    const uint64_t h0 = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint64_t h = h0;
+    if (__builtin_expect(t > r->last_time, 0)) { /* never back within a thread */
+        r->last_time = t;
+        h = put(l, r, h, LOG_NOTE, (CUstream)(uintptr_t)NOTE_TIME, t, 0);
+    }
+    if (__builtin_expect(st != CUBUF_SUCCESS, 0))
+        h = put(l, r, h, LOG_NOTE, (CUstream)(uintptr_t)NOTE_STATUS, (CUdeviceptr)(uint32_t)st, 0);
+    h = put(l, r, h, order, stream, ptr, size);
+    prefetch_write(&r->ev[(h0 + LOG_AHEAD) & (l->ring - 1)]);
+    atomic_store_explicit(&r->head, h, memory_order_release);
 }
 
 static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, CUstream stream,
@@ -303,7 +342,7 @@ static cubuf_status_t log_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf, C
     /* Relaxed is enough: a free whose memory this reuses happened before
      * (through the upstream), and coherence then shows its count. */
     const uint64_t seen = atomic_load_explicit(&l->frees, memory_order_relaxed);
-    record(l, OP_ALLOCATE, 2 * seen, buf->dealloc.stream, st == CUBUF_SUCCESS ? buf->ptr : 0, buf->size,
+    record(l, 2 * seen, buf->dealloc.stream, st == CUBUF_SUCCESS ? buf->ptr : 0, buf->size,
            st);
     return st;
 }
@@ -320,7 +359,7 @@ static cubuf_status_t log_deallocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
     atomic_store_explicit(&l->frees, number + 1, memory_order_relaxed);
     cubuf__unlock(&l->order_lock);
     cubuf_status_t st = cubuf__adaptor_up_deallocate(res, buf, token, charge);
-    record(l, OP_FREE, 2 * number + 1, token->stream, buf->ptr, buf->size, st);
+    record(l, 2 * number + 1, token->stream, buf->ptr, buf->size, st);
     return st;
 }
 
@@ -432,23 +471,23 @@ static inline char *put_str(char *p, const char *str, size_t n)
 /* One event's line, without its newline, into p (at most LOG_LINE_MAX
  * bytes); returns its end. */
 #define LOG_LINE_MAX 192
-static char *format_event(char *p, const log_event_t *e, line_cache_t *c)
+static char *format_event(char *p, const log_event_t *e, const log_state_t *s, line_cache_t *c)
 {
     static const char ok[] = "CUBUF_SUCCESS";
     p = put_u64(p, e->order);
     *p++ = ',';
-    if (e->time != c->time || !c->time_len) {
-        c->time = e->time;
-        c->time_len = (uint8_t)(put_u64(c->time_text, e->time) - c->time_text);
+    if (s->time != c->time || !c->time_len) {
+        c->time = s->time;
+        c->time_len = (uint8_t)(put_u64(c->time_text, s->time) - c->time_text);
     }
     memcpy(p, c->time_text, sizeof c->time_text);
     p += c->time_len;
     *p++ = ',';
-    if (e->tid != c->tid || !c->tid_len) {
+    if (s->tid != c->tid || !c->tid_len) {
         char *t = c->tid_text;
-        if (e->tid < 0) *t++ = '-';
-        t = put_u64(t, e->tid < 0 ? -(uint64_t)(int64_t)e->tid : (uint64_t)e->tid);
-        c->tid = e->tid;
+        if (s->tid < 0) *t++ = '-';
+        t = put_u64(t, s->tid < 0 ? -(uint64_t)(int64_t)s->tid : (uint64_t)s->tid);
+        c->tid = s->tid;
         c->tid_len = (uint8_t)(t - c->tid_text);
     }
     memcpy(p, c->tid_text, sizeof c->tid_text);
@@ -462,13 +501,13 @@ static char *format_event(char *p, const log_event_t *e, line_cache_t *c)
     }
     memcpy(p, c->stream_text, sizeof c->stream_text);
     p += c->stream_len;
-    p = e->op == OP_ALLOCATE ? put_str(p, ",allocate,", 10) : put_str(p, ",free,", 6);
+    p = e->order & 1 ? put_str(p, ",free,", 6) : put_str(p, ",allocate,", 10);
     p = put_hex(p, e->ptr);
     *p++ = ',';
     p = put_u64(p, e->size);
     *p++ = ',';
-    if (e->status == CUBUF_SUCCESS) return put_str(p, ok, sizeof ok - 1);
-    const char *name = cubuf_status_name((cubuf_status_t)e->status);
+    if (s->status == CUBUF_SUCCESS) return put_str(p, ok, sizeof ok - 1);
+    const char *name = cubuf_status_name((cubuf_status_t)s->status);
     return put_str(p, name, strlen(name));
 }
 
@@ -498,19 +537,29 @@ static cubuf_status_t emit(log_adaptor_t *l, const char *line)
     return CUBUF_SUCCESS;
 }
 
-/* Writes n events, the output lock held. A file gets them in large writes
- * (flushed by flush()). */
-static cubuf_status_t write_events(log_adaptor_t *l, const log_event_t *ev, size_t n)
+/* Writes n events, the output lock held, with what the notes among them
+ * set in *state. A file gets them in large writes (flushed by flush()). */
+static cubuf_status_t write_events(log_adaptor_t *l, log_state_t *state, const log_event_t *ev, size_t n)
 {
     char out[16 * 1024];
     size_t used = 0;
     for (size_t i = 0; i < n; i++) {
+        if (ev[i].order == LOG_NOTE) {
+            switch ((uintptr_t)ev[i].stream) {
+            case NOTE_TIME: state->time = ev[i].ptr; break;
+            case NOTE_THREAD: state->tid = (int32_t)(uint32_t)ev[i].ptr; break;
+            case NOTE_STATUS: state->status = (int32_t)(uint32_t)ev[i].ptr; break;
+            }
+            continue;
+        }
         if (l->callback) {
-            *format_event(out, &ev[i], &l->cache) = '\0';
+            *format_event(out, &ev[i], state, &l->cache) = '\0';
+            state->status = CUBUF_SUCCESS;
             call_back(l, out);
             continue;
         }
-        char *end = format_event(out + used, &ev[i], &l->cache);
+        char *end = format_event(out + used, &ev[i], state, &l->cache);
+        state->status = CUBUF_SUCCESS;
         *end++ = '\n';
         used = (size_t)(end - out);
         if (used > sizeof out - LOG_LINE_MAX) {
@@ -539,7 +588,7 @@ static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads)
             size_t n = (size_t)(h - t);
             if (n > l->ring - at) n = (size_t)(l->ring - at);
             if (n > LOG_CHUNK) n = LOG_CHUNK;
-            cubuf_status_t wst = write_events(l, &r->ev[at], n);
+            cubuf_status_t wst = write_events(l, &r->state, &r->ev[at], n);
             if (st == CUBUF_SUCCESS) st = wst;
             t += n;
             atomic_store_explicit(&r->tail, t, memory_order_release);

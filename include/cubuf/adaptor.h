@@ -183,10 +183,12 @@ typedef struct cubuf_log_options {
  * options->path and options->callback is set.
  *
  * Each thread keeps its events in a ring of its own, reused after the
- * thread exits: options->ring_events events of 48 bytes, by default 16384
- * (768 KiB of address space, its pages touched as events fill them). A
- * smaller ring saves memory and wakes the writer thread more often; one
- * wake costs the thread a system call. The writer thread writes what
+ * thread exits: options->ring_events entries of 32 bytes, by default 16384
+ * (512 KiB, allocated when the thread first logs through the adaptor). An
+ * event takes one entry, and one more where the time has moved since the
+ * thread's last event (at most once a millisecond; at every event with
+ * precise_time) or where it failed. A smaller ring saves memory and wakes
+ * the writer thread more often; each wake costs the thread a system call. The writer thread writes what
  * the rings hold at least every millisecond and when a ring is half full;
  * a thread whose ring is full waits for space (and writes the log itself
  * when nobody has for 2 ms), so the log's memory stays bounded and a
