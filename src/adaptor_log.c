@@ -537,27 +537,41 @@ static cubuf_status_t emit(log_adaptor_t *l, const char *line)
     return CUBUF_SUCCESS;
 }
 
+/* Applies a note to *state; false for an event. */
+static inline bool take_note(const log_event_t *e, log_state_t *state)
+{
+    if (e->order != LOG_NOTE) return false;
+    switch ((uintptr_t)e->stream) {
+    case NOTE_TIME: state->time = e->ptr; break;
+    case NOTE_THREAD: state->tid = (int32_t)(uint32_t)e->ptr; break;
+    case NOTE_STATUS: state->status = (int32_t)(uint32_t)e->ptr; break;
+    }
+    return true;
+}
+
 /* Writes n events, the output lock held, with what the notes among them
- * set in *state. A file gets them in large writes (flushed by flush()). */
+ * set in *state (a status for one event only). A callback gets a line at a
+ * time, marked as this thread's callback of l for the whole batch; a file
+ * gets them in large writes (flushed by flush()). */
 static cubuf_status_t write_events(log_adaptor_t *l, log_state_t *state, const log_event_t *ev, size_t n)
 {
     char out[16 * 1024];
-    size_t used = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ev[i].order == LOG_NOTE) {
-            switch ((uintptr_t)ev[i].stream) {
-            case NOTE_TIME: state->time = ev[i].ptr; break;
-            case NOTE_THREAD: state->tid = (int32_t)(uint32_t)ev[i].ptr; break;
-            case NOTE_STATUS: state->status = (int32_t)(uint32_t)ev[i].ptr; break;
-            }
-            continue;
-        }
-        if (l->callback) {
+    if (l->callback) {
+        log_tls_t *t = mine();
+        const log_adaptor_t *outer = t->in_callback;
+        t->in_callback = l;
+        for (size_t i = 0; i < n; i++) {
+            if (take_note(&ev[i], state)) continue;
             *format_event(out, &ev[i], state, &l->cache) = '\0';
             state->status = CUBUF_SUCCESS;
-            call_back(l, out);
-            continue;
+            l->callback(l->user, out);
         }
+        t->in_callback = outer;
+        return CUBUF_SUCCESS;
+    }
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (take_note(&ev[i], state)) continue;
         char *end = format_event(out + used, &ev[i], state, &l->cache);
         state->status = CUBUF_SUCCESS;
         *end++ = '\n';
