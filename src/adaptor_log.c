@@ -50,13 +50,15 @@
 #define LOG_TICK_CHUNKS 8           /* and a long one stores the clock this often */
 #define LOG_FULL_WAIT_NS 2000000    /* a full ring's wait for space before its thread writes */
 
-/* An event, 32 bytes: two to a cache line. Its order tells the operation
- * (even: an allocation, odd: a free). What changes rarely goes in a note,
- * an entry of the ring whose order is LOG_NOTE and which says, in stream,
- * what it sets to ptr for the events after it: the time (at most one note
- * a millisecond while the writer's clock runs), the thread (when a thread
- * takes a ring), the status (a failed operation's, for the next event
- * only). A thread writes an event and its notes before it publishes them. */
+/* A ring entry, 32 bytes: two to a cache line. An event's order tells the
+ * operation (even: an allocation, odd: a free). What changes rarely goes in
+ * a note, an entry whose order is LOG_NOTE and which says, in stream, what
+ * it sets to ptr for the events after it: the time (when it moved since
+ * the thread's last event: once a millisecond while the writer's clock
+ * ticks, at every event while it rests or with precise_time), the thread
+ * (when a thread takes a ring that was another's), the status (a failed
+ * operation's, for the next event only). A thread writes an event and its
+ * notes, up to three entries, before it publishes them. */
 typedef struct log_event {
     uint64_t order;
     CUstream stream;
@@ -76,19 +78,22 @@ typedef struct log_state {
 
 typedef struct log_ring {
     /* The owner's line. */
-    _Atomic uint64_t head; /* events written */
+    _Atomic uint64_t head; /* entries written */
     uint64_t check_at;     /* the head at which to look at the tail again */
     uint64_t poked_at;     /* the tail at which the writer was last woken */
     uint64_t last_time;    /* times never go back within a thread */
     int32_t tid;           /* the owner's (set under ring_lock when taken) */
     char pad0[128 - 40];
     /* The reader's line. */
-    _Atomic uint64_t tail; /* events written out */
+    _Atomic uint64_t tail; /* entries written out */
     struct log_ring *next; /* the adaptor's list, prepended under ring_lock */
     log_state_t state;     /* under out_lock */
     char pad1[128 - 16 - sizeof(log_state_t)];
-    log_event_t ev[]; /* the adaptor's ring_events */
+    log_event_t ev[]; /* the adaptor's ring_events entries */
 } log_ring_t;
+/* The ring is allocated on a 128-byte boundary: each group of fields has
+ * lines of its own, and the entries two to a line. */
+_Static_assert(offsetof(log_ring_t, ev) % 128 == 0, "the entries start on a line");
 
 /* What the last line had, kept by the writer: a time, a thread and a
  * stream repeat from line to line (the time moves every millisecond), so
@@ -181,13 +186,13 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
     while (r && r->tid != tid) r = r->next; /* its own, or a dead thread's of the same id */
     for (log_ring_t *x = first; !r && x; x = x->next)
         if (thread_gone(x->tid)) r = x;
-    const bool noted = r && r->tid == tid; /* its own ring: its events are noted as its already */
+    const bool noted = r && r->tid == tid; /* its own ring: the notes name this thread already */
     if (r) {
         /* The last thing its last owner did was publish an event: reading
          * that makes all it did with the ring happen before what we do. */
         (void)atomic_load_explicit(&r->head, memory_order_acquire);
         r->tid = tid;
-    } else if ((r = cubuf__malloc(sizeof *r + l->ring * sizeof r->ev[0]))) {
+    } else if ((r = cubuf__aligned_alloc(128, sizeof *r + l->ring * sizeof r->ev[0]))) {
         memset(r, 0, offsetof(log_ring_t, ev));
         r->tid = tid;
         r->next = first;
@@ -577,7 +582,10 @@ static cubuf_status_t write_events(log_adaptor_t *l, log_state_t *state, const l
         *end++ = '\n';
         used = (size_t)(end - out);
         if (used > sizeof out - LOG_LINE_MAX) {
-            if (fwrite(out, 1, used, l->file) != used) return write_failed();
+            if (fwrite(out, 1, used, l->file) != used) {
+                while (++i < n) (void)take_note(&ev[i], state); /* for the events after these */
+                return write_failed();
+            }
             used = 0;
         }
     }

@@ -6,6 +6,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* ---- allocation fault seam (see fault.h for the test interface) ---- */
@@ -29,6 +30,14 @@ static inline void *cubuf__malloc(size_t n) { return cubuf__alloc_fails() ? NULL
 static inline void *cubuf__calloc(size_t count, size_t size)
 {
     return cubuf__alloc_fails() ? NULL : calloc(count, size);
+}
+
+/* n bytes (rounded up to a multiple of `align`) aligned to `align`, a power
+ * of two: memory laid out in cache lines. Freed with free(). */
+static inline void *cubuf__aligned_alloc(size_t align, size_t n)
+{
+    if (n > SIZE_MAX - (align - 1)) return NULL;
+    return cubuf__alloc_fails() ? NULL : aligned_alloc(align, (n + align - 1) & ~(align - 1));
 }
 
 /* A failed (or injected) realloc leaves `p` allocated and unchanged. */

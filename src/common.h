@@ -15,26 +15,28 @@
 
 /* ---- thread-locals ------------------------------------------------------- */
 
-/* The mark of the one function per source file that names its thread-locals
- * (a _Thread_local struct), returning their address; the rest of the file
- * reaches them through it. The library is built with TLS descriptors
- * (-mtls-dialect=gnu2, CMakeLists.txt): a thread-local read is a call the
- * compiler takes to keep every register but its result, vector registers
- * included. glibc before 2.40 breaks that promise on the descriptor's
- * dynamic path (BZ#31372), which a library loaded by dlopen (as the Python
- * module loads cubuf) takes on a thread's first read: a vector register the
- * caller kept across the read could come back changed (GCC did keep one,
- * the zero a struct was cleared with, across a read in the caching
- * resource). Called as an ordinary function instead, never inlined and with
- * its register use hidden from its callers (GCC's noipa; clang does no
- * interprocedural register allocation by default), the read is a call that
- * keeps nothing: the caller saves what it needs. tests/check_tls.sh checks
- * the built library: every descriptor call is in a function that does
- * nothing else. */
-#if defined(__clang__) || !defined(__GNUC__)
+/* The mark of the one function per source file that names its thread-locals,
+ * returning their address; the rest of the file reaches them through it.
+ * The library is built with TLS descriptors (-mtls-dialect=gnu2,
+ * CMakeLists.txt): a thread-local read is a call the compiler takes to keep
+ * every register but its result, vector registers included. glibc before
+ * 2.40 breaks that promise on the descriptor's dynamic path (BZ#31372),
+ * which a library loaded by dlopen (as the Python module loads cubuf) takes
+ * on a thread's first read: a vector register the caller kept across the
+ * read could come back changed (GCC did keep one, the zero a struct was
+ * cleared with, across a read in the caching resource). Called as an
+ * ordinary function instead, never inlined and with its register use hidden
+ * from its callers (GCC's noipa; clang does no interprocedural register
+ * allocation by default), the read is a call that keeps nothing: the caller
+ * saves what it needs. tests/check_tls.sh checks the built library: every
+ * descriptor call is in a function that does nothing else, and no caller of
+ * one keeps a vector register across the call. */
+#if defined(__clang__)
 #define CUBUF_TLS_ACCESSOR __attribute__((noinline))
+#elif defined(__GNUC__) && __GNUC__ >= 8
+#define CUBUF_TLS_ACCESSOR __attribute__((noinline, noipa))
 #else
-#define CUBUF_TLS_ACCESSOR __attribute__((noipa))
+#error "cubuf needs GCC 8 or later, or clang"
 #endif
 
 /* ---- errors (error.c) ---------------------------------------------------- */

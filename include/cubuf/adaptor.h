@@ -155,8 +155,8 @@ typedef struct cubuf_log_options {
     cubuf_log_line_fn callback;  /**< or a function to receive the lines, or NULL */
     void *user;                  /**< passed to callback */
     bool precise_time;           /**< read the clock at every event (see below) */
-    size_t ring_events;          /**< events a thread's ring holds: 0 (16384) or a power of two,
-                                      128 to 2^24 (see below) */
+    size_t ring_events;          /**< entries a thread's ring holds: 0 (16384) or a power of
+                                      two, 128 to 2^24 (see below) */
 } cubuf_log_options_t;
 
 #define CUBUF_LOG_OPTIONS_INIT {sizeof(cubuf_log_options_t), NULL, NULL, NULL, false, 0}
@@ -184,11 +184,13 @@ typedef struct cubuf_log_options {
  *
  * Each thread keeps its events in a ring of its own, reused after the
  * thread exits: options->ring_events entries of 32 bytes, by default 16384
- * (512 KiB, allocated when the thread first logs through the adaptor). An
- * event takes one entry, and one more where the time has moved since the
- * thread's last event (at most once a millisecond; at every event with
- * precise_time) or where it failed. A smaller ring saves memory and wakes
- * the writer thread more often; each wake costs the thread a system call. The writer thread writes what
+ * (512 KiB, allocated when the thread first logs through the adaptor and
+ * kept until the adaptor's release). An event takes one entry, one more
+ * where the time has moved since the thread's last event (about once a
+ * millisecond while events come; at every event with precise_time), and
+ * one more where it failed; a thread taking over a ring adds one. A
+ * smaller ring saves memory and wakes the writer thread more often; each
+ * wake costs the thread a system call. The writer thread writes what
  * the rings hold at least every millisecond and when a ring is half full;
  * a thread whose ring is full waits for space (and writes the log itself
  * when nobody has for 2 ms), so the log's memory stays bounded and a
