@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -414,6 +415,15 @@ static void test_log_callback(void)
         T_CHECK(lg == NULL && strstr(cubuf_last_error(), "ring_events"));
     }
     T_CHECK(got.n == 0); /* nothing was written for them */
+    const size_t good_rings[] = {128, (size_t)1 << 24}; /* the ends: made, no ring allocated yet */
+    for (size_t i = 0; i < sizeof good_rings / sizeof good_rings[0]; i++) {
+        o.ring_events = good_rings[i];
+        T_OK(cubuf_log_adaptor_create(up, &o, &lg));
+        cubuf_resource_release(lg);
+    }
+    T_CHECK(got.n == 2); /* their header lines */
+    lines_free(&got);
+    got = (lines_t)LINES_INIT;
     o.ring_events = 2048; /* the 5000 pairs below pass it */
     T_OK(cubuf_log_adaptor_create(up, &o, &lg));
     T_CHECK(got.n == 1 && got.v[0][0] == '#');
@@ -702,6 +712,123 @@ static void test_log_thread_churn(void)
     T_CHECK(pointers_alternate(&got, 6 * 4 * 1000));
     lines_free(&got);
     T_CHECK(h.live == 0);
+    cubuf_resource_release(up);
+}
+
+/* The smallest rings (128 entries) under pressure, where one event may take
+ * three entries (a time note with precise_time, a status note when it
+ * fails, the event) and rings change hands: waves of threads that come and
+ * go, a writer slowed now and then, allocations that fail (size % 7 == 0)
+ * and frees that fail (size % 11 == 0). Each line must name its worker's
+ * thread (the worker is in the stream), carry its own status, and keep its
+ * worker's times in order; every event is there once. */
+typedef struct note_job {
+    cubuf_resource_t *log;
+    int worker;
+    int tid;
+    bool ok; /* every status as expected */
+} note_job_t;
+
+#define NOTE_WORKERS 4
+#define NOTE_WAVES 5
+#define NOTE_ROUNDS 300
+
+static cubuf_status_t note_alloc(void *state, size_t size, CUstream s, CUdeviceptr *p)
+{
+    (void)state, (void)s;
+    if (size % 7 == 0) return CUBUF_ERROR_OUT_OF_MEMORY;
+    *p = (CUdeviceptr)size;
+    return CUBUF_SUCCESS;
+}
+static cubuf_status_t note_free(void *state, CUdeviceptr p, size_t size, CUstream s)
+{
+    (void)state, (void)p, (void)s;
+    return size % 11 == 0 ? CUBUF_ERROR_DRIVER : CUBUF_SUCCESS;
+}
+
+static void slow_collect_some(void *user, const char *line)
+{
+    lines_t *l = user;
+    collect(l, line);
+    if (l->n % 97 == 0) usleep(200); /* the rings fill meanwhile */
+}
+
+static void *note_worker(void *arg)
+{
+    note_job_t *j = arg;
+    j->tid = (int)syscall(SYS_gettid);
+    CUstream s = (CUstream)(uintptr_t)(0x1000 + j->worker);
+    for (int i = 1; i <= NOTE_ROUNDS; i++) {
+        const size_t size = (size_t)j->worker * 100000 + (size_t)i;
+        CUdeviceptr p = 0;
+        cubuf_status_t st = cubuf_resource_allocate_raw(j->log, size, s, &p);
+        if (st != (size % 7 == 0 ? CUBUF_ERROR_OUT_OF_MEMORY : CUBUF_SUCCESS)) j->ok = false;
+        if (st != CUBUF_SUCCESS) continue;
+        st = cubuf_resource_deallocate_raw(j->log, p, size, s);
+        if (st != (size % 11 == 0 ? CUBUF_ERROR_DRIVER : CUBUF_SUCCESS)) j->ok = false;
+    }
+    return NULL;
+}
+
+static void test_log_notes_small_rings(void)
+{
+    static const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, note_alloc, note_free, NULL};
+    cubuf_resource_t *up = NULL;
+    T_REQUIRE(cubuf_resource_create(&ops, NULL, NULL, &up));
+    for (int precise = 0; precise < 2; precise++) {
+        lines_t got = LINES_INIT;
+        cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+        o.callback = slow_collect_some;
+        o.user = &got;
+        o.ring_events = 128;
+        o.precise_time = precise;
+        cubuf_resource_t *lg = NULL;
+        T_REQUIRE(cubuf_log_adaptor_create(up, &o, &lg));
+        int tids[NOTE_WAVES * NOTE_WORKERS];
+        size_t expected = 0;
+        for (int wave = 0; wave < NOTE_WAVES; wave++) {
+            pthread_t th[NOTE_WORKERS];
+            note_job_t jobs[NOTE_WORKERS];
+            for (int k = 0; k < NOTE_WORKERS; k++) {
+                jobs[k] = (note_job_t){lg, wave * NOTE_WORKERS + k, 0, true};
+                T_CHECK(pthread_create(&th[k], NULL, note_worker, &jobs[k]) == 0);
+            }
+            for (int k = 0; k < NOTE_WORKERS; k++) {
+                pthread_join(th[k], NULL);
+                T_CHECK(jobs[k].ok);
+                tids[jobs[k].worker] = jobs[k].tid;
+            }
+        }
+        for (int w = 0; w < NOTE_WAVES * NOTE_WORKERS; w++)
+            for (int i = 1; i <= NOTE_ROUNDS; i++) expected += ((size_t)w * 100000 + (size_t)i) % 7 ? 2 : 1;
+        cubuf_resource_release(lg); /* the last flush */
+        T_CHECK(got.n == 1 + expected);
+        long long last_time[NOTE_WAVES * NOTE_WORKERS] = {0};
+        size_t wrong_tid = 0, wrong_status = 0, back_in_time = 0, unparsed = 0;
+        for (size_t i = 1; i < got.n; i++) {
+            log_line_t e;
+            if (!parse(got.v[i], &e) || (uintptr_t)e.stream < 0x1000 ||
+                (uintptr_t)e.stream >= 0x1000 + NOTE_WAVES * NOTE_WORKERS) {
+                unparsed++;
+                continue;
+            }
+            const int worker = (int)((uintptr_t)e.stream - 0x1000);
+            const bool is_free = strcmp(e.op, "free") == 0;
+            const bool fails = is_free ? e.size % 11 == 0 : e.size % 7 == 0;
+            const char *want = !fails ? "CUBUF_SUCCESS"
+                               : is_free ? "CUBUF_ERROR_DRIVER"
+                                         : "CUBUF_ERROR_OUT_OF_MEMORY";
+            if (e.tid != tids[worker]) wrong_tid++;
+            if (strcmp(e.status, want) != 0 || e.size / 100000 != (size_t)worker) wrong_status++;
+            if (e.time < last_time[worker]) back_in_time++;
+            last_time[worker] = e.time;
+        }
+        printf("  small rings%s: %zu lines, %zu unparsed, %zu with another thread, %zu with another "
+               "status, %zu back in time\n",
+               precise ? ", precise time" : "", got.n - 1, unparsed, wrong_tid, wrong_status, back_in_time);
+        T_CHECK(unparsed == 0 && wrong_tid == 0 && wrong_status == 0 && back_in_time == 0);
+        lines_free(&got);
+    }
     cubuf_resource_release(up);
 }
 
@@ -1654,6 +1781,7 @@ int main(void)
     test_log_fields();
     test_log_time();
     test_log_thread_churn();
+    test_log_notes_small_rings();
     test_tracking();
     test_tracking_release_all();
     test_failure_callback();
