@@ -1,8 +1,9 @@
 /* The logging adaptor: one line per allocate and free (cubuf/adaptor.h).
  *
- * The hot path takes no lock. Each thread writes small binary events into
- * a ring of its own (one writer, one reader: the owner publishes with a
- * release store, the reader frees space the same way). The only shared
+ * The hot path takes no lock. Each thread writes 32-byte entries (events,
+ * and notes of what rarely changes: log_event_t) into a ring of its own
+ * (one writer, one reader: the owner publishes with a release store, the
+ * reader frees space the same way). The only shared
  * write is the order counter, one addition per free under a biased lock
  * (lock.h: no atomic for the thread that owns it). Times come from the
  * adaptor's writer thread, which stores the clock at least every
@@ -38,7 +39,7 @@
 
 #include "adaptor_base.h"
 
-#define LOG_RING_DEFAULT 16384      /* events per thread (options->ring_events 0) */
+#define LOG_RING_DEFAULT 16384      /* entries per thread (options->ring_events 0) */
 #define LOG_RING_MIN 128            /* and the least and most a ring may hold */
 #define LOG_RING_MAX (1u << 24)
 #define LOG_CACHE 4                 /* adaptors a thread remembers its rings of */
