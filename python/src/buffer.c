@@ -307,7 +307,7 @@ static PyObject *Buffer_copy_to(BufferObject *self, PyObject *const *args, Py_ss
         return Py_NewRef(dst);
     }
     cubuf_buffer_t *out;
-    st = cubuf_buffer_copy_to_new(self->buf, s, opts, &out);
+    if (cbp_buffer_copy_to_new(self, s, opts, &out, &st, "Buffer.copy_to") < 0) return NULL;
     if (st != CUBUF_SUCCESS) return copy_failed(st, s, opts, "Buffer.copy_to");
     cbp_buffer_set_work((PyObject *)self, s, sobj);
     return cbp_buffer_new(Py_TYPE(self), out, self->mr, NULL, s, sobj);
@@ -450,6 +450,22 @@ cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)
     cubuf_status_t st = cubuf_buffer_slice(self->buf, 0, cubuf_buffer_size(self->buf), &hold);
     if (st != CUBUF_SUCCESS) return cbp_fail(st, what), NULL;
     return hold;
+}
+
+int cbp_buffer_copy_to_new(BufferObject *self, CUstream s, const cubuf_copy_options_t *o,
+                           cubuf_buffer_t **out, cubuf_status_t *st, const char *what)
+{
+    if (!cubuf__inspect_close_may_wait(self->buf)) {
+        *st = cubuf_buffer_copy_to_new(self->buf, s, o, out);
+        return 0;
+    }
+    cubuf_buffer_t *hold = cbp_buffer_hold(self, what);
+    if (!hold) return -1;
+    Py_BEGIN_ALLOW_THREADS
+    *st = cubuf_buffer_copy_to_new(hold, s, o, out);
+    cubuf_buffer_release(hold); /* the root's last reference, if closed meanwhile: may wait too */
+    Py_END_ALLOW_THREADS
+    return 0;
 }
 
 static PyObject *Buffer_copy_to_host(BufferObject *self, PyObject *const *args, Py_ssize_t nargs,

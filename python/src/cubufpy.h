@@ -181,6 +181,14 @@ void cbp_owner_release(void *owner);
  * (BUSY) instead of freeing the memory under the work. Release it after.
  * NULL with an exception set when the buffer is closed or closing. */
 cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what);
+/* cubuf_buffer_copy_to_new of self's buffer into *out, its status in *st.
+ * A copy that fails after allocating frees what it allocated, and where
+ * the buffer's resource frees synchronously that free waits for the device,
+ * whose pending work may be a Python host function that needs the GIL:
+ * there the copy runs without the GIL, through a hold on the source. -1
+ * with a Python error set when no hold can be had; else 0. */
+int cbp_buffer_copy_to_new(BufferObject *self, CUstream s, const cubuf_copy_options_t *o,
+                           cubuf_buffer_t **out, cubuf_status_t *st, const char *what);
 /* 0, or -1 with RuntimeError while a close of self runs without the GIL on
  * another thread: nothing may use or take a reference to the buffer then. */
 static inline int cbp_buffer_usable(BufferObject *self, const char *what)

@@ -147,7 +147,9 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     }
     cubuf_buffer_t *src = self->buf, *copied = NULL;
     if (copy) {
-        st = cubuf_buffer_copy_to_new(self->buf, none ? self->work_stream : consumer, NULL, &copied);
+        if (cbp_buffer_copy_to_new(self, none ? self->work_stream : consumer, NULL, &copied, &st,
+                                   "__dlpack__(copy=True)") < 0)
+            return NULL;
         if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
         /* A resource that rounds sizes up (virtual memory) gives a larger
          * copy: the tensor is of the buffer's bytes only. */

@@ -171,11 +171,11 @@ def gate():
 '''
 
 
-def _no_gil_deadlock(body):
+def _no_gil_deadlock(body, **extra_env):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **extra_env)
     try:
         r = subprocess.run([sys.executable, "-c", _GIL_WAIT + body + "\nprint('done')\n"],
                            cwd=os.path.dirname(__file__), env=env, capture_output=True, text=True, timeout=30)
@@ -198,6 +198,28 @@ def test_deallocate_lets_the_gil_go():
                      "ptr = drv.mem_alloc(4096)\n"
                      "fn = gate()\n"
                      "mr.deallocate(ptr, 4096, stream=s)\n")
+
+
+@pytest.mark.parametrize("call", ["b.copy_to(stream=s)", "b.__dlpack__(stream=-1, copy=True)"])
+def test_failed_copy_to_new_lets_the_gil_go(call):
+    # A copy into new memory that fails after allocating frees the new buffer: a
+    # synchronous resource's free waits for s, whose host function waits for the GIL.
+    # The stand-in libcuda (tests/shim_libcuda.c) fails the process's first
+    # cuMemcpyAsync, forwarding everything else to the driver in use.
+    import os
+    shim = os.environ.get("CUBUF_TEST_SHIM")
+    if not shim:
+        pytest.skip("CUBUF_TEST_SHIM (the build's stand-in libcuda) is not set: run through ctest")
+    _no_gil_deadlock("b = cubuf.SyncDeviceMemoryResource(0).allocate(4096, stream=s)\n"
+                     "fn = gate()\n"
+                     "try:\n"
+                     f"    {call}\n"
+                     "except Exception as e:\n"
+                     "    assert 'cuMemcpyAsync' in str(e), e\n"
+                     "else:\n"
+                     "    raise SystemExit('the copy did not fail')\n",
+                     CUBUF_LIBCUDA=shim, CUBUF_SHIM_TARGET=os.environ.get("CUBUF_LIBCUDA", "libcuda.so.1"),
+                     CUBUF_SHIM_FAIL_COPY="1")
 
 
 @pytest.mark.parametrize("max_version", [None, (1, 0)])
