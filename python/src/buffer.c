@@ -461,10 +461,12 @@ int cbp_buffer_copy_to_new(BufferObject *self, CUstream s, const cubuf_copy_opti
     }
     cubuf_buffer_t *hold = cbp_buffer_hold(self, what);
     if (!hold) return -1;
+    PyObject *keep = Py_XNewRef(self->work_ref); /* s may be the work stream another thread replaces */
     Py_BEGIN_ALLOW_THREADS
     *st = cubuf_buffer_copy_to_new(hold, s, o, out);
     cubuf_buffer_release(hold); /* the root's last reference, if closed meanwhile: may wait too */
     Py_END_ALLOW_THREADS
+    Py_XDECREF(keep);
     return 0;
 }
 

@@ -147,13 +147,15 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     }
     cubuf_buffer_t *src = self->buf, *copied = NULL;
     if (copy) {
+        /* The size before the copy, which may run without the GIL (another
+         * thread may close a based view meanwhile). */
+        const size_t n = cubuf_buffer_size(self->buf);
         if (cbp_buffer_copy_to_new(self, none ? self->work_stream : consumer, NULL, &copied, &st,
                                    "__dlpack__(copy=True)") < 0)
             return NULL;
         if (st != CUBUF_SUCCESS) return cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)");
         /* A resource that rounds sizes up (virtual memory) gives a larger
          * copy: the tensor is of the buffer's bytes only. */
-        const size_t n = cubuf_buffer_size(self->buf);
         if (cubuf_buffer_size(copied) != n) {
             cubuf_buffer_t *part = NULL;
             st = cubuf_buffer_slice(copied, 0, n, &part);
