@@ -118,7 +118,7 @@ typedef struct log_adaptor {
     char pad2[120];
     /* Set at create. */
     uint64_t id;
-    uint64_t ring; /* events a ring holds, a power of two */
+    uint64_t ring; /* entries a ring holds, a power of two */
     bool precise;
     FILE *file;
     cubuf_log_line_fn callback;
@@ -143,7 +143,8 @@ static int64_t mono_ns(void)
 }
 
 static cubuf_status_t write_events(log_adaptor_t *l, log_state_t *state, const log_event_t *ev, size_t n);
-static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h);
+static inline uint64_t put(log_adaptor_t *l, log_ring_t *r, uint64_t h, uint64_t order, CUstream stream,
+                           CUdeviceptr ptr, size_t size);
 static cubuf_status_t write_rings(log_adaptor_t *l, bool tick, uint64_t *heads);
 
 /* ---- finding the thread's ring ---- */
@@ -207,10 +208,9 @@ static log_ring_t *ring_slow(log_adaptor_t *l)
         t->rings[t->next_slot++ % LOG_CACHE] = (ring_slot_t){l->id, r};
         if (!noted) { /* the events after this one are this thread's */
             const uint64_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
-            if (h >= r->check_at) make_room(l, r, h);
-            r->ev[h & (l->ring - 1)] = (log_event_t){LOG_NOTE, (CUstream)(uintptr_t)NOTE_THREAD,
-                                                      (CUdeviceptr)(uint32_t)tid, 0};
-            atomic_store_explicit(&r->head, h + 1, memory_order_release);
+            const uint64_t next = put(l, r, h, LOG_NOTE, (CUstream)(uintptr_t)NOTE_THREAD,
+                                      (CUdeviceptr)(uint32_t)tid, 0);
+            atomic_store_explicit(&r->head, next, memory_order_release);
         }
     }
     return r;

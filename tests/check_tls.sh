@@ -47,7 +47,6 @@ function operands(text, ops,    n, depth, i, c, cur) {   # split at commas outsi
     if (cur != "") ops[++n] = cur
     return n
 }
-function object_start() { obj = $1; sub(/:$/, "", obj) }
 function finish1() {
     if (sites > 0) {
         total += sites
@@ -71,7 +70,7 @@ function is_accessor_call(insn,    name) {
     }
     return 0
 }
-function finish2(    i, j, k, m, mn, rest, nops, ops, v, nv, d, killed, hit) {
+function finish2(    i, j, k, m, mn, rest, nops, ops, v, nv, d, killed, hit, pure) {
     for (i = 1; i <= ni; i++) {
         if (!acc_call[i]) continue
         split("", killed)
@@ -105,7 +104,7 @@ function finish2(    i, j, k, m, mn, rest, nops, ops, v, nv, d, killed, hit) {
     ni = 0
 }
 FNR == 1 { pass++; if (pass == 2) finish1() }
-/file format/ { object_start(); next }
+/file format/ { obj = $1; sub(/:$/, "", obj); next }
 pass == 1 && /^[0-9a-f]+ <.*>:$/ { finish1(); fn = $2; gsub(/^<|>:$/, "", fn); next }
 pass == 1 && /R_X86_64_TLSDESC_CALL/ { sites++; other_calls--; next }
 pass == 1 && /R_X86_64_[A-Z0-9_]+[ \t]+__(tsan|asan|ubsan|msan|sanitizer)_/ {
