@@ -151,6 +151,33 @@ def test_copy_true_exports_a_copy():
     assert mr.stats["current_bytes"] == 0 and mr.stats["current_count"] == 0
 
 
+@pytest.mark.parametrize("kind", ["device, stream -1", "pinned, a host consumer"])
+def test_copy_true_without_a_stream_outlives_the_work_stream(kind):
+    # A copy for a consumer without a stream is made on the buffer's work stream; the consumer may
+    # keep the tensor after that stream's Python object (and the stream) is gone. It was freed on
+    # that stream then: the free failed, with a warning, and the copy's memory was lost.
+    import warnings
+    device = kind.startswith("device")
+    mr = cubuf.DeviceMemoryResource(0) if device else cubuf.PinnedMemoryResource()
+    s = cubuf.Stream(0)
+    b = mr.allocate(4096, stream=s)
+    b.fill(9, stream=s)
+    cap = b.__dlpack__(max_version=(1, 0), copy=True, **({"stream": -1} if device else {}))
+    assert mr.stats["current_count"] == 2
+    b.close()
+    s.sync()
+    del b, s  # the stream's last reference: destroyed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: cap,
+                                               "__dlpack_device__": lambda self: (2 if device else 3, 0)})())
+        assert c.copy_to_host() == b"\x09" * 4096
+        del cap
+        c.close()  # the tensor's deleter frees the copy
+        cubuf.Context(0).synchronize()
+    assert mr.stats["current_bytes"] == 0 and mr.stats["current_count"] == 0
+
+
 def test_numpy_host_memory_round_trip():
     a = np.arange(32, dtype=np.uint8)
     before = sys.getrefcount(a)
