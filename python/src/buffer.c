@@ -165,17 +165,17 @@ static void free_later_on_legacy(BufferObject *self)
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb); /* a dealloc leaves the error state as it found it */
     CUstream s = NULL;
-    const int dev = cbp_buffer_stream_device(self);
-    if (cbp_stream(self->stream_ref, &s) == 0 &&
-        cbp_stream_handoff(dev, s, CU_STREAM_LEGACY) == 0 &&
-        cubuf_buffer_set_deallocation_stream(self->buf, CU_STREAM_LEGACY) == CUBUF_SUCCESS) {
+    int rc = cbp_stream(self->stream_ref, &s);
+    if (rc == 0) rc = cbp_free_on_legacy(cbp_buffer_stream_device(self), s, self->buf);
+    if (rc == 0) {
         PyErr_Restore(exc_type, exc, tb);
         return;
     }
     PyErr_Clear();
     if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                          "a buffer exported through DLPack outlives its Python object and its stream; "
-                         "its memory is freed on a stream that may be gone (%s)", cubuf_last_error()) < 0)
+                         "its memory is freed on a stream that may be gone (%s)",
+                         rc > 0 ? "the stream captures" : cubuf_last_error()) < 0)
         PyErr_WriteUnraisable(NULL); /* warnings as errors: a dealloc cannot raise */
     PyErr_Restore(exc_type, exc, tb);
 }

@@ -146,6 +146,14 @@ cubuf_context_t *cbp_device_context(int device);
  * context both belong to. 0 or -1 with an exception. */
 int cbp_stream_handoff(int device, CUstream producer, CUstream consumer);
 
+/* Moves buf's deallocation to the legacy default stream of the device's
+ * primary context, made to wait for the work queued on `from` so far: for
+ * memory that may outlive `from` (a DLPack consumer holds it, and the
+ * stream's Python object may go). Nothing when `from` is the legacy
+ * stream. A `from` that captures is left as it is (the legacy stream
+ * cannot join a capture): 1. 0 when moved, -1 with an exception. */
+int cbp_free_on_legacy(int device, CUstream from, cubuf_buffer_t *buf);
+
 /* Waits for the work queued on `stream` of device's context so far, without
  * the GIL (the work may be a Python host function). A stream that captures
  * (or the legacy stream while a capture depends on it) is refused with

@@ -98,41 +98,26 @@ static void capsule_unversioned_del(PyObject *cap)
     if (t && t->deleter) t->deleter(t);
 }
 
-/* __dlpack__(copy=True)'s copy of self on s into *out, of the buffer's
- * size; 0, or -1 with a BufferError (or the hold's error). */
+/* __dlpack__(copy=True)'s copy of self on s into *out; 0, or -1 with a
+ * BufferError (or the hold's error). A resource that rounds sizes up
+ * (virtual memory) gives a larger copy: see export_part. */
 static int export_copy(BufferObject *self, CUstream s, cubuf_buffer_t **out)
 {
     static const char what[] = "__dlpack__(copy=True)";
-    /* The size before the copy, which may run without the GIL (another
-     * thread may close a based view meanwhile). */
-    const size_t n = cubuf_buffer_size(self->buf);
-    cubuf_buffer_t *copied = NULL;
     cubuf_status_t st;
-    if (cbp_buffer_copy_to_new(self, s, NULL, &copied, &st, what) < 0) return -1;
-    if (st != CUBUF_SUCCESS) return (cbp_fail_as(PyExc_BufferError, st, what), -1);
-    /* A resource that rounds sizes up (virtual memory) gives a larger copy:
-     * the tensor is of the buffer's bytes only. */
-    if (cubuf_buffer_size(copied) != n) {
-        cubuf_buffer_t *part = NULL;
-        st = cubuf_buffer_slice(copied, 0, n, &part);
-        release_copy(copied); /* the slice holds it now; on failure this frees it */
-        if (st != CUBUF_SUCCESS) return (cbp_fail_as(PyExc_BufferError, st, what), -1);
-        copied = part;
-    }
-    *out = copied;
-    return 0;
+    if (cbp_buffer_copy_to_new(self, s, NULL, out, &st, what) < 0) return -1;
+    return st == CUBUF_SUCCESS ? 0 : (cbp_fail_as(PyExc_BufferError, st, what), -1);
 }
 
-/* A copy made for a consumer without a stream (-1, a host consumer) was
- * made on the work stream ws, and would be freed there when the consumer
- * deletes the tensor: by then ws's Python object, and the stream, may be
- * gone. The free moves to the legacy default stream of the copy's context,
- * made to wait for ws (nothing to wait for after a host consumer's wait). */
-static int free_on_legacy(int dev, CUstream ws, cubuf_buffer_t *copy)
+/* The first n bytes of the copy *c, in place of it: the tensor is of the
+ * buffer's bytes only. 0, or -1 with a BufferError (*c freed, NULL). */
+static int export_part(cubuf_buffer_t **c, size_t n)
 {
-    if (cbp_is_legacy(ws)) return 0; /* freed there already */
-    if (cbp_stream_handoff(dev, ws, CU_STREAM_LEGACY) < 0) return -1;
-    const cubuf_status_t st = cubuf_buffer_set_deallocation_stream(copy, CU_STREAM_LEGACY);
+    if (cubuf_buffer_size(*c) == n) return 0;
+    cubuf_buffer_t *part = NULL;
+    const cubuf_status_t st = cubuf_buffer_slice(*c, 0, n, &part);
+    release_copy(*c); /* the slice holds it now; on failure this frees it */
+    *c = part;
     return st == CUBUF_SUCCESS ? 0 : (cbp_fail_as(PyExc_BufferError, st, "__dlpack__(copy=True)"), -1);
 }
 
@@ -185,22 +170,29 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
     }
     /* The work stream as it is now: the copy and a host consumer's wait use
      * it while another thread may replace it (the copy may run without the
-     * GIL), its Python object kept alive until they are done. */
+     * GIL), its Python object kept alive until they are done. The size too:
+     * another thread may close a based view meanwhile. */
     const int dev = cbp_buffer_stream_device(self);
     const CUstream ws = self->work_stream;
     PyObject *keep = Py_XNewRef(self->work_ref);
+    const size_t n = cubuf_buffer_size(self->buf);
     cubuf_buffer_t *copied = NULL;
     int rc = copy ? export_copy(self, none ? ws : consumer, &copied) : 0;
     /* A host consumer of pinned memory (stream None: numpy, the CPU) reads it
      * as soon as it has the tensor and cannot wait on a stream: the work
-     * queued through the buffer (the copy's too) completes first. */
-    if (rc == 0 && host_consumer) rc = cbp_stream_sync(dev, ws, PyExc_BufferError, "__dlpack__");
-    if (rc == 0 && copied && none) rc = free_on_legacy(dev, ws, copied);
-    Py_XDECREF(keep);
-    if (rc < 0) {
-        release_copy(copied);
-        return NULL;
-    }
+     * queued through the buffer completes first. So does a copy for the CPU
+     * (dl_device=(1, 0)), whose stream -1 cannot cover work of ours. */
+    if (rc == 0 && (host_consumer || (copied && as_cpu)))
+        rc = cbp_stream_sync(dev, ws, PyExc_BufferError, "__dlpack__");
+    /* A copy for a consumer without a stream (-1, the host) was made on ws,
+     * and the tensor may outlive ws's Python object and so the stream: it
+     * is freed on the legacy stream instead (made to wait for ws), unless
+     * ws captures. Before slicing: the slice's free is its root's. */
+    if (rc == 0 && copied && none) rc = cbp_free_on_legacy(dev, ws, copied) < 0 ? -1 : 0;
+    if (rc == 0 && copied) rc = export_part(&copied, n);
+    if (rc < 0) release_copy(copied);
+    Py_XDECREF(keep); /* after the release: a copy not moved is freed on ws */
+    if (rc < 0) return NULL;
     cubuf_buffer_t *src = copied ? copied : self->buf;
     PyObject *cap = NULL;
     /* A read-only import stays read-only (an unversioned tensor cannot say

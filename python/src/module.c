@@ -317,44 +317,75 @@ cubuf_context_t *cbp_device_context(int device)
     return device_contexts[device];
 }
 
-int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
+/* cbp_stream_handoff's work, in the device's primary context (current).
+ * *capturing: set when the producer captures; the consumer joins that
+ * capture when `join` says so, else nothing is done. */
+static cubuf_status_t handoff_in_ctx(int device, CUstream producer, CUstream consumer, bool join,
+                                     bool *capturing)
 {
-    if (cbp_same_stream(producer, consumer)) return 0;
-    cubuf_context_t *ctx = cbp_device_context(device);
-    if (!ctx) return -1;
-    /* One event per device, reused: a wait captures the event's state when
-     * it is enqueued, so recording it again later changes no earlier wait.
-     * The GIL serializes record and wait. */
-    cubuf_status_t st = CUBUF_SUCCESS;
-    if (!handoff_events[device])
-        st = cubuf_event_create(ctx, CU_EVENT_DISABLE_TIMING, &handoff_events[device]);
-    if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
-    /* A default stream is the current context's: make the device's primary
-     * context current for the two calls (and restore the caller's). */
-    CUcontext h = NULL;
-    cubuf_context_handle(ctx, &h);
-    cubuf_ctx_guard_t g;
-    if ((st = cubuf__ctx_push(h, &g)) != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
     /* Nothing to wait for when the producer's work has all completed (one
      * query, cheaper than a record and a wait). A producer that captures
      * has queued its work into a graph, and a query would invalidate the
      * capture: the record and the wait join the consumer to it instead. */
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     const CUresult r = CU_CALL(cuStreamIsCapturing, producer, &cs);
-    bool idle = false;
+    *capturing = r == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE;
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
-        st = cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING, "the legacy default stream waits for a stream "
-                                                       "that captures: work on it would invalidate "
-                                                       "that capture");
-    else if (r != CUDA_SUCCESS)
-        st = cubuf__cu_status(r, "cuStreamIsCapturing");
-    else if (cs == CU_STREAM_CAPTURE_STATUS_NONE)
-        st = cubuf_stream_query(producer, &idle);
-    if (st == CUBUF_SUCCESS && !idle) st = cubuf_event_record(handoff_events[device], producer);
-    if (st == CUBUF_SUCCESS && !idle) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
+        return cubuf__fail(CUBUF_ERROR_STREAM_CAPTURING, "the legacy default stream waits for a stream "
+                                                         "that captures: work on it would invalidate "
+                                                         "that capture");
+    if (r != CUDA_SUCCESS) return cubuf__cu_status(r, "cuStreamIsCapturing");
+    if (*capturing && !join) return CUBUF_SUCCESS;
+    bool idle = false;
+    cubuf_status_t st = CUBUF_SUCCESS;
+    if (!*capturing) st = cubuf_stream_query(producer, &idle);
+    if (st != CUBUF_SUCCESS || idle) return st;
+    /* One event per device, reused: a wait captures the event's state when
+     * it is enqueued, so recording it again later changes no earlier wait.
+     * The GIL serializes record and wait. */
+    if (!handoff_events[device])
+        st = cubuf_event_create(device_contexts[device], CU_EVENT_DISABLE_TIMING, &handoff_events[device]);
+    if (st == CUBUF_SUCCESS) st = cubuf_event_record(handoff_events[device], producer);
+    if (st == CUBUF_SUCCESS) st = cubuf_stream_wait_event(consumer, handoff_events[device]);
+    return st;
+}
+
+/* Makes the device's primary context current (a default stream is the
+ * current context's), restoring the caller's at pop. */
+static int push_device(int device, cubuf_ctx_guard_t *g, const char *what)
+{
+    cubuf_context_t *ctx = cbp_device_context(device);
+    if (!ctx) return -1;
+    CUcontext h = NULL;
+    cubuf_context_handle(ctx, &h);
+    cubuf_status_t st = cubuf__ctx_push(h, g);
+    return st == CUBUF_SUCCESS ? 0 : (cbp_fail(st, what), -1);
+}
+
+int cbp_stream_handoff(int device, CUstream producer, CUstream consumer)
+{
+    if (cbp_same_stream(producer, consumer)) return 0;
+    cubuf_ctx_guard_t g;
+    if (push_device(device, &g, "stream handoff") < 0) return -1;
+    bool capturing;
+    const cubuf_status_t st = handoff_in_ctx(device, producer, consumer, true, &capturing);
     cubuf__ctx_pop(&g);
-    if (st != CUBUF_SUCCESS) return (cbp_fail(st, "stream handoff"), -1);
-    return 0;
+    return st == CUBUF_SUCCESS ? 0 : (cbp_fail(st, "stream handoff"), -1);
+}
+
+int cbp_free_on_legacy(int device, CUstream from, cubuf_buffer_t *buf)
+{
+    if (cbp_is_legacy(from)) return 0; /* freed there already */
+    cubuf_ctx_guard_t g;
+    if (push_device(device, &g, "free on the legacy stream") < 0) return -1;
+    /* A capturing stream: the legacy stream cannot join its capture; the
+     * free stays on `from`. */
+    bool capturing = false;
+    cubuf_status_t st = handoff_in_ctx(device, from, CU_STREAM_LEGACY, false, &capturing);
+    if (st == CUBUF_SUCCESS && !capturing) st = cubuf_buffer_set_deallocation_stream(buf, CU_STREAM_LEGACY);
+    cubuf__ctx_pop(&g);
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "free on the legacy stream"), -1;
+    return capturing;
 }
 
 int cbp_stream_sync(int device, CUstream stream, PyObject *exc, const char *what)

@@ -151,31 +151,66 @@ def test_copy_true_exports_a_copy():
     assert mr.stats["current_bytes"] == 0 and mr.stats["current_count"] == 0
 
 
-@pytest.mark.parametrize("kind", ["device, stream -1", "pinned, a host consumer"])
-def test_copy_true_without_a_stream_outlives_the_work_stream(kind):
-    # A copy for a consumer without a stream is made on the buffer's work stream; the consumer may
-    # keep the tensor after that stream's Python object (and the stream) is gone. It was freed on
-    # that stream then: the free failed, with a warning, and the copy's memory was lost.
+@pytest.mark.parametrize("kind", ["device", "pinned, a host consumer", "caching", "virtual memory view"])
+def test_copy_true_without_a_stream_outlives_the_work_stream(drv, kind):
+    # A copy for a consumer without a stream (-1; a host consumer) is made on the buffer's work
+    # stream, and the consumer may keep the tensor after that stream's Python object (and the
+    # stream) is gone. It was freed on that stream then: the free failed, with a warning, and the
+    # copy's memory was lost. A caching resource's memory has no context of its own, and a virtual
+    # memory copy is rounded up (the tensor holds a slice of it): both moved nothing at first.
     import warnings
-    device = kind.startswith("device")
-    mr = cubuf.DeviceMemoryResource(0) if device else cubuf.PinnedMemoryResource()
+    n, dl = 4096, (2, 0)
+    drv.set_current(cubuf.Context(0))  # for the allocation's legacy stream (a caching resource has no device)
     s = cubuf.Stream(0)
-    b = mr.allocate(4096, stream=s)
-    b.fill(9, stream=s)
-    cap = b.__dlpack__(max_version=(1, 0), copy=True, **({"stream": -1} if device else {}))
+    if kind == "pinned, a host consumer":
+        mr, dl = cubuf.PinnedMemoryResource(), (3, 0)
+    elif kind == "caching":
+        mr = cubuf.CachingMemoryResource(cubuf.DeviceMemoryResource(0))
+    elif kind == "virtual memory view":
+        mr, n = cubuf.VirtualMemoryResource(0), 100
+    else:
+        mr = cubuf.DeviceMemoryResource(0)
+    b = mr.allocate(mr.granularity if n == 100 else n)  # closed on the legacy stream, as the copy must be
+    v = cubuf.Context(0).foreign_buffer(b.handle, n, base=b) if n == 100 else b
+    v.fill(9, stream=s)  # s: the work stream
+    drv.clear_current()  # the export makes the context it needs current
+    cap = v.__dlpack__(max_version=(1, 0), copy=True, **({} if dl == (3, 0) else {"stream": -1}))
     assert mr.stats["current_count"] == 2
+    v.close()
     b.close()
     s.sync()
-    del b, s  # the stream's last reference: destroyed
+    del b, v, s  # the stream's last reference: destroyed
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c = cubuf.from_dlpack(type("P", (), {"__dlpack__": lambda self, **kw: cap,
-                                               "__dlpack_device__": lambda self: (2 if device else 3, 0)})())
-        assert c.copy_to_host() == b"\x09" * 4096
+                                               "__dlpack_device__": lambda self: dl})())
+        assert c.size == n and c.copy_to_host() == b"\x09" * n
         del cap
         c.close()  # the tensor's deleter frees the copy
         cubuf.Context(0).synchronize()
     assert mr.stats["current_bytes"] == 0 and mr.stats["current_count"] == 0
+
+
+def test_copy_true_without_a_stream_while_the_work_stream_captures(drv):
+    # The legacy stream cannot wait for a capturing stream (it would join the capture): the copy
+    # stays freed on the work stream, and legacy work after it is not captured.
+    mr = cubuf.SyncDeviceMemoryResource(0)  # allocating is allowed in a relaxed capture
+    b, other = mr.allocate(4096), mr.allocate(64)
+    other.fill(0, stream=S)
+    cubuf.Context(0).synchronize()
+    s = cubuf.Stream(0)
+    with drv.capture(s):
+        b.fill(7, stream=s)
+        cap = b.__dlpack__(max_version=(1, 0), copy=True, stream=-1)
+        other.fill(5, stream=S)  # unrelated work on the legacy stream
+    cubuf.Context(0).synchronize()
+    assert other.copy_to_host() == b"\x05" * 64  # it ran: it was not captured
+    assert mr.stats["current_count"] == 3
+    del cap  # freed on s, which still lives
+    s.sync()
+    b.close()
+    other.close()
+    assert mr.stats["current_count"] == 0
 
 
 def test_numpy_host_memory_round_trip():
@@ -287,10 +322,12 @@ def _pinned(n, value):
 
 
 @pytest.mark.parametrize("kw", [{}, {"max_version": (1, 0)}, {"max_version": (1, 0), "copy": True},
-                                {"max_version": (1, 0), "dl_device": (1, 0)}])
+                                {"max_version": (1, 0), "dl_device": (1, 0)},
+                                {"max_version": (1, 0), "dl_device": (1, 0), "stream": -1, "copy": True}])
 def test_pinned_memory_to_a_host_consumer_waits_for_its_work(drv, kw):
     # A host consumer (stream None: numpy, the CPU) reads pinned memory as soon as it has the tensor and
     # cannot wait on a stream: __dlpack__ waits for the work queued through the buffer (the copy's too).
+    # So does a copy for the CPU with stream -1: that stream cannot cover work the producer queued.
     import ctypes
     import threading
     b = _pinned(4096, 0)
