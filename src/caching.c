@@ -63,6 +63,12 @@ typedef struct caching {
     atomic_size_t held, peak_held, large_live, large_count;
     atomic_uint_least64_t up_allocs, up_deallocs, oom_retries;
     atomic_uint_least64_t large_misses; /* requests above max_cached: misses of no stream */
+    /* The process's live caching resources, in the order made, and the
+     * give-backs under way in this one from cubuf_stream_destroy (under
+     * live_lock). */
+    struct caching *live_prev, *live_next;
+    uint64_t live_seq;
+    unsigned pins;
 } caching_t;
 
 typedef struct tls_slot {
@@ -81,6 +87,13 @@ typedef struct caching_tls {
 static _Thread_local caching_tls_t tls;
 static CUBUF_TLS_ACCESSOR caching_tls_t *mine(void) { return &tls; }
 static atomic_uint_least64_t next_id = 1, next_thread_key = 1;
+
+/* Every live caching resource, for cubuf_stream_destroy: a stream's cached
+ * blocks go back to their upstream before the stream goes. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t live_unpinned = PTHREAD_COND_INITIALIZER;
+static caching_t *live_first, *live_last;
+static uint64_t live_seq;
 
 /* ---- size classes ---- */
 
@@ -588,6 +601,11 @@ static void caching_free(caching_t *c)
 static void ops_destroy(void *state)
 {
     caching_t *c = state;
+    pthread_mutex_lock(&live_lock);
+    *(c->live_prev ? &c->live_prev->live_next : &live_first) = c->live_next;
+    *(c->live_next ? &c->live_next->live_prev : &live_last) = c->live_prev;
+    while (c->pins) pthread_cond_wait(&live_unpinned, &live_lock); /* a stream's give-back in c */
+    pthread_mutex_unlock(&live_lock);
     cubuf_status_t st = give_back(c, 0, false, NULL);
     if (st != CUBUF_SUCCESS)
         cubuf__warn(st, "caching resource: cached blocks could not all be given back to the "
@@ -630,6 +648,12 @@ cubuf_status_t cubuf_caching_resource_create(cubuf_resource_t *upstream,
         return st;
     }
     c->upstream = cubuf_resource_retain(upstream);
+    pthread_mutex_lock(&live_lock);
+    c->live_seq = ++live_seq;
+    c->live_prev = live_last;
+    *(live_last ? &live_last->live_next : &live_first) = c;
+    live_last = c;
+    pthread_mutex_unlock(&live_lock);
     *out = res;
     return CUBUF_SUCCESS;
 }
@@ -674,15 +698,44 @@ cubuf_status_t cubuf_caching_trim(cubuf_resource_t *res, size_t bytes_to_keep)
     return give_back(c, bytes_to_keep, false, NULL);
 }
 
-cubuf_status_t cubuf_caching_forget_stream(cubuf_resource_t *res, CUstream stream)
+static cubuf_status_t forget(caching_t *c, CUstream stream)
 {
-    GET_CACHE(c, res, "cubuf_caching_forget_stream");
     CUstream s = stream_key(stream);
     uint64_t tk = s == CU_STREAM_PER_THREAD ? thread_key() : 0;
     pthread_mutex_lock(&c->mutex);
     cstream_t *cs = find_locked(c, s, tk);
     pthread_mutex_unlock(&c->mutex);
     return cs ? give_back(c, 0, false, cs) : CUBUF_SUCCESS;
+}
+
+cubuf_status_t cubuf_caching_forget_stream(cubuf_resource_t *res, CUstream stream)
+{
+    GET_CACHE(c, res, "cubuf_caching_forget_stream");
+    return forget(c, stream);
+}
+
+/* One resource at a time, each pinned while its blocks go back (its end
+ * waits), with no lock held (an upstream may take locks of its own): the
+ * next is the first made after it that is still live. */
+cubuf_status_t cubuf__caching_forget_everywhere(CUstream stream)
+{
+    cubuf_status_t first = CUBUF_SUCCESS;
+    for (uint64_t after = 0;;) {
+        pthread_mutex_lock(&live_lock);
+        caching_t *c = live_first;
+        while (c && c->live_seq <= after) c = c->live_next;
+        if (c) {
+            after = c->live_seq;
+            c->pins++;
+        }
+        pthread_mutex_unlock(&live_lock);
+        if (!c) return first;
+        const cubuf_status_t st = forget(c, stream);
+        if (first == CUBUF_SUCCESS) first = st;
+        pthread_mutex_lock(&live_lock);
+        if (--c->pins == 0) pthread_cond_broadcast(&live_unpinned);
+        pthread_mutex_unlock(&live_lock);
+    }
 }
 
 cubuf_status_t cubuf_caching_set_release_threshold(cubuf_resource_t *res, size_t bytes)

@@ -61,6 +61,7 @@ cubuf_status_t cubuf_stream_destroy(CUstream stream)
               "cubuf_stream_destroy: CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are default "
               "streams, which cannot be destroyed");
     cubuf_status_t st = cubuf__driver_load();
+    if (st == CUBUF_SUCCESS) st = cubuf__caching_forget_everywhere(stream);
     return st != CUBUF_SUCCESS ? st : CU(cuStreamDestroy, stream);
 }
 

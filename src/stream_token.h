@@ -30,6 +30,11 @@ cubuf_status_t cubuf__stream_capture_status(CUstream s, CUcontext ctx, CUstreamC
 cubuf_status_t cubuf__stream_refuse_capture(CUstream s, CUcontext ctx, const char *what);
 /* Synchronizes a recorded stream in its context. */
 cubuf_status_t cubuf__stream_sync(const cubuf_stream_token_t *t);
+/* Gives back to their upstreams the blocks every live caching resource
+ * keeps on `stream` (cubuf_caching_forget_stream on each), for
+ * cubuf_stream_destroy (caching.c). The first failure; the blocks whose
+ * give-back failed stay cached. */
+cubuf_status_t cubuf__caching_forget_everywhere(CUstream stream);
 /* Before a synchronous free: synchronizes the deallocation stream, after
  * refusing (CUBUF_ERROR_STREAM_CAPTURING, naming a `kind` buffer) a stream
  * that captures or that a capture depends on, since synchronizing it would

@@ -620,6 +620,86 @@ static void test_faults(void)
     cubuf_resource_release(pool);
 }
 
+/* cubuf_stream_destroy gives back what every caching resource keeps on the
+ * stream before the stream goes (a new stream may get its handle); a
+ * give-back that fails keeps the blocks and the stream. */
+static void test_stream_destroy_gives_back(void)
+{
+    cubuf_resource_t *pool = private_pool(0), *c1 = NULL, *c2 = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c1));
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &c2));
+    CUstream s = new_stream(), t = new_stream();
+    cache_pair(c1, s, 4096);
+    cache_pair(c2, s, 8192);
+    cache_pair(c2, t, 4096);
+    T_CHECK(cstats(c1).cached_count == 2 && cstats(c2).cached_count == 4);
+    T_CHECK(pool_stats(pool).current_count == 6);
+    /* the give-back's second free (c1's second block) fails: that block
+     * stays cached, and the stream; c2's blocks on s still go */
+    T_CHECK(cubuf_fault_fail_nth("cuMemFreeAsync", 2, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_stream_destroy(s), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_fault_fired());
+    cubuf_fault_reset();
+    T_CU(cuStreamSynchronize, s); /* still a stream */
+    T_CHECK(cstats(c1).cached_count == 1 && cstats(c2).cached_count == 2);
+    T_CHECK(pool_stats(pool).current_count == 3);
+    T_OK(cubuf_stream_destroy(s));
+    T_CHECK(cstats(c1).cached_count == 0 && cstats(c1).held_bytes == 0);
+    T_CHECK(cstats(c2).cached_count == 2 && cstats(c2).cached_bytes == 2 * 4096); /* t's */
+    T_CHECK(pool_stats(pool).current_count == 2);
+    /* a released caching resource is no longer asked */
+    cubuf_resource_release(c1);
+    T_OK(cubuf_stream_destroy(t));
+    T_CHECK(cstats(c2).cached_count == 0 && pool_stats(pool).current_count == 0);
+    cubuf_resource_release(c2);
+    T_CHECK(pool_stats(pool).current_count == 0);
+    cubuf_resource_release(pool);
+}
+
+/* Streams destroyed while other threads make and release caching resources
+ * and cache blocks on their own streams: each stream's blocks go back, and
+ * nothing is left when all is released. */
+#define D_THREADS 4
+#define D_ROUNDS 200
+
+static void *destroy_work(void *arg)
+{
+    cubuf_resource_t *pool = arg;
+    intptr_t bad = cubuf__drv.cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS;
+    for (int i = 0; i < D_ROUNDS && !bad; i++) {
+        const size_t n = 1024 * (size_t)(1 + i % 8);
+        cubuf_resource_t *c = NULL;
+        CUstream s = NULL;
+        CUdeviceptr p = 0;
+        cubuf_caching_stats_t cs = CUBUF_CACHING_STATS_INIT;
+        bad = cubuf_caching_resource_create(pool, NULL, &c) != CUBUF_SUCCESS ||
+              cubuf__drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+              cubuf_caching_allocate(c, n, s, &p) != CUBUF_SUCCESS ||
+              cubuf_caching_deallocate(c, p, n, s) != CUBUF_SUCCESS;
+        if (i % 2) cubuf_resource_release(c); /* before or after the stream */
+        bad = bad || cubuf_stream_destroy(s) != CUBUF_SUCCESS;
+        if (i % 2 == 0) {
+            bad = bad || cubuf_caching_stats(c, &cs) != CUBUF_SUCCESS || cs.cached_count != 0;
+            cubuf_resource_release(c);
+        }
+    }
+    return (void *)bad;
+}
+
+static void test_stream_destroy_threads(void)
+{
+    cubuf_resource_t *pool = private_pool(0);
+    pthread_t th[D_THREADS];
+    for (int i = 0; i < D_THREADS; i++) T_CHECK(pthread_create(&th[i], NULL, destroy_work, pool) == 0);
+    for (int i = 0; i < D_THREADS; i++) {
+        void *bad = NULL;
+        pthread_join(th[i], &bad);
+        T_CHECK(!bad);
+    }
+    T_CHECK(pool_stats(pool).current_count == 0);
+    cubuf_resource_release(pool);
+}
+
 /* ---- 16 threads, 16 streams ---- */
 
 #define G_THREADS 16
@@ -766,6 +846,8 @@ int main(void)
     test_oom_foreign_per_thread();
     test_foreign_per_thread_while_capturing();
     test_faults();
+    test_stream_destroy_gives_back();
+    test_stream_destroy_threads();
     test_threads();
     test_framework();
     T_CHECK(!atomic_load(&g_gate_expired)); /* every gate opened by its test */

@@ -53,9 +53,10 @@
  *    uses must not be deallocated before the graph's last launch is done.
  *  - Streams must outlive their cached blocks: a trim, a release-and-retry
  *    and the resource's end give each block back ordered on the stream it
- *    is cached on. Before destroying a stream that deallocated into the
- *    cache, call cubuf_caching_forget_stream (the driver may give a new
- *    stream the same handle). Blocks on another thread's per-thread
+ *    is cached on. cubuf_stream_destroy gives a stream's blocks back
+ *    first, in every caching resource; before destroying one otherwise
+ *    (cuStreamDestroy), call cubuf_caching_forget_stream (the driver may
+ *    give a new stream the same handle). Blocks on another thread's per-thread
  *    default stream are given back ordered on the legacy stream of the
  *    caller's current context (which waits for every per-thread default
  *    stream of the context; no synchronization, so a capture on a
@@ -68,7 +69,8 @@
  *    and statistics take the resource's lock. A trim, a release-and-retry
  *    and the resource's end call the upstream's deallocate while holding
  *    that lock (so that no steal sees a block half given back): an
- *    upstream must not call back into the caching resource above it.
+ *    upstream must not call back into the caching resource above it (nor
+ *    destroy a stream with cubuf_stream_destroy, which gives back too).
  *
  * The caching resource is a resource like any other: cubuf_resource_allocate,
  * cubuf_resource_allocate_raw, buffers, cubuf_resource_release. Its

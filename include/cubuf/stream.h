@@ -62,11 +62,15 @@ CUBUF_API cubuf_status_t cubuf_stream_create(cubuf_context_t *ctx, unsigned flag
 /**
  * Destroys a stream made by cubuf_stream_create (or cuStreamCreate*)
  * (cuStreamDestroy): work already queued on it still runs, and its
- * resources are freed once it has. NULL (the legacy default stream's
- * handle) is a no-op returning CUBUF_SUCCESS.
+ * resources are freed once it has. First, the blocks any live caching
+ * resource keeps on the stream go back to its upstream, ordered on the
+ * stream (cubuf_caching_forget_stream on each, cubuf/caching.h); when one
+ * of those give-backs fails, its blocks stay cached, the stream is not
+ * destroyed, and the failure is returned (destroy it again later). NULL
+ * (the legacy default stream's handle) is a no-op returning CUBUF_SUCCESS.
  * Returns CUBUF_ERROR_INVALID_ARGUMENT for CU_STREAM_LEGACY or
  * CU_STREAM_PER_THREAD (a default stream cannot be destroyed),
- * CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_DRIVER.
+ * CUBUF_ERROR_NO_DRIVER, CUBUF_ERROR_DRIVER, or a give-back's status.
  */
 CUBUF_API cubuf_status_t cubuf_stream_destroy(CUstream stream);
 

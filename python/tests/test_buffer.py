@@ -69,6 +69,28 @@ def test_caching_resource_reuses_blocks(stream):
         cubuf.CachingMemoryResource(up, cubuf.CachingMemoryResourceOptions(max_cached_size=1 << 40))
 
 
+def test_caching_blocks_go_back_with_their_stream():
+    # A cubuf.Stream destroyed (its last reference dropped) while a caching resource kept blocks
+    # on it: the resource gave them back later on the destroyed handle, which failed with a
+    # warning and lost them (or, on a handle a new stream got, ordered them on the wrong stream).
+    import gc
+    import warnings
+    up = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions())
+    mr = cubuf.CachingMemoryResource(up)
+    s = cubuf.Stream(0)
+    for n in (1000, 5000, 70000):
+        mr.allocate(n, stream=s).close()  # cached on s
+    assert up.stats["current_count"] == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del s  # cuStreamDestroy, after the blocks went back
+        gc.collect()
+        assert up.stats["current_count"] == 0
+        del mr
+        gc.collect()
+    assert up.stats["current_count"] == 0
+
+
 def test_fill_patterns_and_errors():
     mr = cubuf.DeviceMemoryResource(0)
     b = mr.allocate(12)
