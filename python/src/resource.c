@@ -318,6 +318,84 @@ static PyObject *CachingResource_new(PyTypeObject *type, PyObject *args, PyObjec
     return resource_of(st, "CachingMemoryResource", type, res, ((ResourceObject *)up)->device, o);
 }
 
+/* A give-back calls the upstream's deallocate, which may wait for the
+ * device (a synchronous resource): without the GIL. */
+static PyObject *caching_done(cubuf_status_t st, const char *what)
+{
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, what);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Caching_trim(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"bytes_to_keep"};
+    PyObject *a[1];
+    size_t keep = 0;
+    if (cbp_parse("trim", args, nargs, kwnames, names, 1, 1, 0, a) < 0 ||
+        (a[0] && cbp_size(a[0], "bytes_to_keep", &keep) < 0))
+        return NULL;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_caching_trim(self->res, keep);
+    Py_END_ALLOW_THREADS
+    return caching_done(st, "CachingMemoryResource.trim");
+}
+
+static PyObject *Caching_forget_stream(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    PyObject *o;
+    CUstream s;
+    if (cbp_one_arg("forget_stream", "stream", args, nargs, kwnames, &o) < 0 || cbp_stream(o, &s) < 0) return NULL;
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_caching_forget_stream(self->res, s);
+    Py_END_ALLOW_THREADS
+    return caching_done(st, "CachingMemoryResource.forget_stream");
+}
+
+static PyObject *Caching_cache_stats(ResourceObject *self, void *c)
+{
+    cubuf_caching_stats_t s = CUBUF_CACHING_STATS_INIT;
+    cubuf_status_t st = cubuf_caching_stats(self->res, &s);
+    if (st != CUBUF_SUCCESS) return cbp_fail(st, "cache_stats");
+    return Py_BuildValue("{snsnsnsnsKsK}", "cached_bytes", (Py_ssize_t)s.cached_bytes, "cached_count",
+                         (Py_ssize_t)s.cached_count, "held_bytes", (Py_ssize_t)s.held_bytes, "live_bytes",
+                         (Py_ssize_t)s.live_bytes, "hits", (unsigned long long)s.hits, "misses",
+                         (unsigned long long)s.misses);
+}
+
+static PyMethodDef Caching_methods[] = {
+    {"trim", (PyCFunction)(void (*)(void))Caching_trim, METH_FASTCALL | METH_KEYWORDS,
+     "trim(bytes_to_keep=0): gives cached blocks back to the upstream until at most bytes_to_keep\n"
+     "stay cached, each ordered on the stream it is cached on."},
+    {"forget_stream", (PyCFunction)(void (*)(void))Caching_forget_stream, METH_FASTCALL | METH_KEYWORDS,
+     "forget_stream(stream): gives the blocks cached on `stream` back to the upstream, ordered on it,\n"
+     "so that it may be destroyed. A cubuf.Stream does this itself when closed or dropped; call it\n"
+     "before destroying any other stream that freed into the resource (torch's, CuPy's, a handle)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Caching_getset[] = {
+    {"cache_stats", (getter)Caching_cache_stats, NULL,
+     "The cache's counters (dict; cubuf_caching_stats): cached_bytes, cached_count, held_bytes,\n"
+     "live_bytes, hits, misses.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject Caching_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cubuf.CachingMemoryResource",
+    .tp_basicsize = sizeof(ResourceObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "CachingMemoryResource(upstream, options=None): a stream-ordered cache of size classes over\n"
+              "another resource (CachingMemoryResourceOptions: max_cached_size, release_threshold,\n"
+              "cross_stream). Cached blocks go back to the upstream on the streams they were freed on (trim,\n"
+              "forget_stream, closing or dropping a cubuf.Stream, the resource's end): another stream that\n"
+              "freed into it must not be destroyed before forget_stream(stream).",
+    .tp_base = &cbp_MemoryResource_Type,
+    .tp_new = CachingResource_new,
+    .tp_methods = Caching_methods,
+    .tp_getset = Caching_getset,
+};
+
 typedef cubuf_status_t (*simple_create_fn)(int, cubuf_resource_t **);
 
 static PyObject *simple_new(PyTypeObject *type, PyObject *args, PyObject *kwds, const char *name,
@@ -372,11 +450,6 @@ CBP_RESOURCE_TYPE(LegacyPinned_Type, "LegacyPinnedMemoryResource", LegacyPinned_
                   "LegacyPinnedMemoryResource(device=0): cuMemHostAlloc pinned memory.")
 CBP_RESOURCE_TYPE(SyncDevice_Type, "SyncDeviceMemoryResource", SyncDevice_new,
                   "SyncDeviceMemoryResource(device=0): cuMemAlloc memory (shared through legacy IPC handles).")
-CBP_RESOURCE_TYPE(Caching_Type, "CachingMemoryResource", CachingResource_new,
-                  "CachingMemoryResource(upstream, options=None): a stream-ordered cache of size classes over\n"
-                  "another resource (CachingMemoryResourceOptions: max_cached_size, release_threshold,\n"
-                  "cross_stream). Cached blocks go back to the upstream on the streams they were freed on, when\n"
-                  "the resource goes: those streams must still exist then.")
 CBP_RESOURCE_TYPE(Graph_Type, "GraphMemoryResource", Graph_new,
                   "GraphMemoryResource(device): allocations inside stream capture (graph memory nodes).")
 

@@ -91,6 +91,32 @@ def test_caching_blocks_go_back_with_their_stream():
     assert up.stats["current_count"] == 0
 
 
+def test_caching_trim_forget_stream_and_stats():
+    up = cubuf.DeviceMemoryResource(0, cubuf.DeviceMemoryResourceOptions())
+    mr = cubuf.CachingMemoryResource(up)
+    s, t = cubuf.Stream(0), cubuf.Stream(0)
+    for n in (1000, 5000, 70000):
+        mr.allocate(n, stream=s).close()  # cached on s
+    mr.allocate(3000, stream=t).close()
+    st = mr.cache_stats
+    assert (st["cached_count"], st["live_bytes"], st["misses"], st["hits"]) == (4, 0, 4, 0)
+    assert st["held_bytes"] == st["cached_bytes"] == up.stats["current_bytes"]
+    mr.forget_stream(s.handle)  # a handle, as another framework's stream would be given
+    assert mr.cache_stats["cached_count"] == 1 and up.stats["current_count"] == 1
+    mr.allocate(3000, stream=t).close()  # t's block again
+    assert mr.cache_stats["hits"] == 1
+    mr.trim(bytes_to_keep=1 << 20)  # keeps it
+    assert mr.cache_stats["cached_count"] == 1
+    mr.trim()
+    assert mr.cache_stats["cached_count"] == 0 and up.stats["current_count"] == 0
+    with pytest.raises(TypeError):
+        mr.forget_stream("t")
+    with pytest.raises((OverflowError, ValueError)):
+        mr.trim(-1)
+    with pytest.raises(TypeError):
+        mr.trim(1, 2)
+
+
 def test_fill_patterns_and_errors():
     mr = cubuf.DeviceMemoryResource(0)
     b = mr.allocate(12)
