@@ -601,15 +601,17 @@ static void caching_free(caching_t *c)
 static void ops_destroy(void *state)
 {
     caching_t *c = state;
+    /* Still listed while its blocks go back: a stream destroyed meanwhile
+     * waits for the mutex, and finds nothing left on it. */
+    cubuf_status_t st = give_back(c, 0, false, NULL);
+    if (st != CUBUF_SUCCESS)
+        cubuf__warn(st, "caching resource: cached blocks could not all be given back to the "
+                        "upstream at the end: %s", cubuf_last_error());
     pthread_mutex_lock(&live_lock);
     *(c->live_prev ? &c->live_prev->live_next : &live_first) = c->live_next;
     *(c->live_next ? &c->live_next->live_prev : &live_last) = c->live_prev;
     while (c->pins) pthread_cond_wait(&live_unpinned, &live_lock); /* a stream's give-back in c */
     pthread_mutex_unlock(&live_lock);
-    cubuf_status_t st = give_back(c, 0, false, NULL);
-    if (st != CUBUF_SUCCESS)
-        cubuf__warn(st, "caching resource: cached blocks could not all be given back to the "
-                        "upstream at the end: %s", cubuf_last_error());
     cubuf_resource_release(c->upstream);
     caching_free(c);
 }
@@ -715,17 +717,20 @@ cubuf_status_t cubuf_caching_forget_stream(cubuf_resource_t *res, CUstream strea
 }
 
 /* One resource at a time, each pinned while its blocks go back (its end
- * waits), with no lock held (an upstream may take locks of its own): the
- * next is the first made after it that is still live. */
+ * waits), with no lock held (an upstream may take locks of its own), the
+ * newest first: a caching resource over another is made after it, and its
+ * blocks on the stream go back into the one below (cached on the stream
+ * there) before that one is visited. The next is the newest made before
+ * the last visited that is still live. */
 cubuf_status_t cubuf__caching_forget_everywhere(CUstream stream)
 {
     cubuf_status_t first = CUBUF_SUCCESS;
-    for (uint64_t after = 0;;) {
+    for (uint64_t before = UINT64_MAX;;) {
         pthread_mutex_lock(&live_lock);
-        caching_t *c = live_first;
-        while (c && c->live_seq <= after) c = c->live_next;
+        caching_t *c = live_last;
+        while (c && c->live_seq >= before) c = c->live_prev;
         if (c) {
-            after = c->live_seq;
+            before = c->live_seq;
             c->pins++;
         }
         pthread_mutex_unlock(&live_lock);

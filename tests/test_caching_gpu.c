@@ -7,6 +7,7 @@
  * back in the pool; a failure of every driver call in turn leaving nothing
  * leaked; 16 threads on 16 streams with exact totals. */
 #include <pthread.h>
+#include <unistd.h>
 #include <sched.h>
 #include <stdint.h>
 #include <time.h>
@@ -634,14 +635,15 @@ static void test_stream_destroy_gives_back(void)
     cache_pair(c2, t, 4096);
     T_CHECK(cstats(c1).cached_count == 2 && cstats(c2).cached_count == 4);
     T_CHECK(pool_stats(pool).current_count == 6);
-    /* the give-back's second free (c1's second block) fails: that block
-     * stays cached, and the stream; c2's blocks on s still go */
+    /* the give-back's second free (c2's second block on s: the newest
+     * resource goes first) fails: that block stays cached, and the stream;
+     * c1's blocks on s still go */
     T_CHECK(cubuf_fault_fail_nth("cuMemFreeAsync", 2, CUDA_ERROR_UNKNOWN));
     T_STATUS(cubuf_stream_destroy(s), CUBUF_ERROR_DRIVER);
     T_CHECK(cubuf_fault_fired());
     cubuf_fault_reset();
     T_CU(cuStreamSynchronize, s); /* still a stream */
-    T_CHECK(cstats(c1).cached_count == 1 && cstats(c2).cached_count == 2);
+    T_CHECK(cstats(c1).cached_count == 0 && cstats(c2).cached_count == 3);
     T_CHECK(pool_stats(pool).current_count == 3);
     T_OK(cubuf_stream_destroy(s));
     T_CHECK(cstats(c1).cached_count == 0 && cstats(c1).held_bytes == 0);
@@ -653,6 +655,89 @@ static void test_stream_destroy_gives_back(void)
     T_CHECK(cstats(c2).cached_count == 0 && pool_stats(pool).current_count == 0);
     cubuf_resource_release(c2);
     T_CHECK(pool_stats(pool).current_count == 0);
+    cubuf_resource_release(pool);
+}
+
+/* A caching resource over another: the upper one's blocks on the stream go
+ * back into the lower one, cached on that stream there, so the lower one
+ * must be visited after (it was visited first, and kept them). */
+static void test_stream_destroy_stacked(void)
+{
+    cubuf_resource_t *pool = private_pool(0), *low = NULL, *top = NULL;
+    T_REQUIRE(cubuf_caching_resource_create(pool, NULL, &low));
+    T_REQUIRE(cubuf_caching_resource_create(low, NULL, &top));
+    CUstream s = new_stream();
+    cache_pair(top, s, 4096);
+    T_CHECK(cstats(top).cached_count == 2 && cstats(low).live_count == 2);
+    T_OK(cubuf_stream_destroy(s));
+    T_CHECK(cstats(top).cached_count == 0 && cstats(low).cached_count == 0);
+    T_CHECK(pool_stats(pool).current_count == 0);
+    cubuf_resource_release(top);
+    cubuf_resource_release(low);
+    cubuf_resource_release(pool);
+}
+
+/* A stream destroyed while a caching resource's end gives its blocks back
+ * (the first held in a gate by the upstream): the destroy waits for it, and
+ * the block on that stream goes back before the stream goes. */
+static atomic_int g_held_free, g_in_held_free, g_free_gate;
+
+static cubuf_status_t held_alloc(void *up, size_t n, CUstream s, CUdeviceptr *p)
+{
+    return cubuf_resource_allocate_raw(up, n, s, p);
+}
+
+static cubuf_status_t held_free(void *up, CUdeviceptr p, size_t n, CUstream s)
+{
+    if (atomic_load(&g_held_free) && atomic_fetch_add(&g_in_held_free, 1) == 0)
+        while (!atomic_load(&g_free_gate)) usleep(1000);
+    return cubuf_resource_deallocate_raw(up, p, n, s);
+}
+
+static void *release_on_thread(void *res)
+{
+    if (cubuf__drv.cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS) cubuf_resource_release(res);
+    return NULL;
+}
+
+static void *open_free_gate_later(void *unused)
+{
+    (void)unused;
+    usleep(200 * 1000);
+    atomic_store(&g_free_gate, 1);
+    return NULL;
+}
+
+static void test_stream_destroy_during_release(void)
+{
+    t_warnings_t w = {0};
+    cubuf_set_warning_handler(t_warning, &w);
+    cubuf_resource_t *pool = private_pool(0), *held = NULL, *c = NULL;
+    cubuf_resource_props_t props = CUBUF_RESOURCE_PROPS_INIT;
+    T_OK(cubuf_resource_props(pool, &props));
+    const cubuf_resource_ops_t ops = {CUBUF_RESOURCE_OPS_VERSION, held_alloc, held_free, NULL};
+    T_REQUIRE(cubuf_resource_create(&ops, &props, pool, &held));
+    T_REQUIRE(cubuf_caching_resource_create(held, NULL, &c));
+    CUstream s = new_stream(), t = new_stream();
+    CUdeviceptr a = 0, b = 0;
+    T_OK(cubuf_caching_allocate(c, 4096, s, &a));
+    T_OK(cubuf_caching_allocate(c, 4096, t, &b)); /* t's state first in the cache's list */
+    T_OK(cubuf_caching_deallocate(c, a, 4096, s));
+    T_OK(cubuf_caching_deallocate(c, b, 4096, t));
+    atomic_store(&g_held_free, 1);
+    pthread_t r, g;
+    T_CHECK(pthread_create(&r, NULL, release_on_thread, c) == 0); /* its end: t's block held */
+    while (atomic_load(&g_in_held_free) < 1) usleep(1000);
+    T_CHECK(pthread_create(&g, NULL, open_free_gate_later, NULL) == 0);
+    T_OK(cubuf_stream_destroy(s)); /* waits for the end's give-back, s's block included */
+    pthread_join(g, NULL);
+    pthread_join(r, NULL);
+    T_CHECK(pool_stats(pool).current_count == 0);
+    T_CHECK(w.n == 0);
+    if (w.n) fprintf(stderr, "warning: %s\n", w.first);
+    cubuf_set_warning_handler(NULL, NULL);
+    T_OK(cubuf_stream_destroy(t));
+    cubuf_resource_release(held);
     cubuf_resource_release(pool);
 }
 
@@ -847,6 +932,8 @@ int main(void)
     test_foreign_per_thread_while_capturing();
     test_faults();
     test_stream_destroy_gives_back();
+    test_stream_destroy_stacked();
+    test_stream_destroy_during_release();
     test_stream_destroy_threads();
     test_threads();
     test_framework();

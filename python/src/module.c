@@ -442,20 +442,47 @@ static PyObject *Stream_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return s;
 }
 
+/* Destroys a stream without the GIL: cubuf_stream_destroy first gives back
+ * the blocks caching resources keep on it, and a synchronous upstream's
+ * free waits for the device (where a Python host function may wait for
+ * the GIL). */
+static cubuf_status_t destroy_without_gil(CUstream h)
+{
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cubuf_stream_destroy(h);
+    Py_END_ALLOW_THREADS
+    return st;
+}
+
 static PyObject *Stream_close(StreamObject *self, PyObject *unused)
 {
     if (self->owned && self->handle) {
-        cubuf_status_t st = cubuf_stream_destroy(self->handle);
-        if (st != CUBUF_SUCCESS) return cbp_fail(st, "Stream.close");
-        self->handle = NULL;
+        CUstream h = self->handle;
+        self->handle = NULL; /* closed for other threads meanwhile */
         self->owned = false;
+        cubuf_status_t st = destroy_without_gil(h);
+        if (st != CUBUF_SUCCESS) { /* not destroyed: still this object's */
+            self->handle = h;
+            self->owned = true;
+            return cbp_fail(st, "Stream.close");
+        }
     }
     Py_RETURN_NONE;
 }
 
 static void Stream_dealloc(StreamObject *self)
 {
-    if (self->owned && self->handle) cubuf_stream_destroy(self->handle);
+    /* A stream that cannot be destroyed (a caching resource could not give
+     * its blocks back) is kept: its blocks stay usable, given back later. */
+    if (self->owned && self->handle && destroy_without_gil(self->handle) != CUBUF_SUCCESS) {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        if (PyErr_WarnFormat(cbp_CUDAWarning, 1, "a dropped cubuf.Stream was not destroyed: %s",
+                             cubuf_last_error()) < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(exc_type, exc, tb);
+    }
     Py_XDECREF(self->keep);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

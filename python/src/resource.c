@@ -46,7 +46,12 @@ PyObject *cbp_resource_wrap(cubuf_resource_t *res)
 static void Resource_dealloc(ResourceObject *self)
 {
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    /* Without the GIL: a last release may give memory back through a
+     * synchronous upstream, which waits for the device (a caching
+     * resource's end), or wait for a stream's give-back in it. */
+    Py_BEGIN_ALLOW_THREADS
     cubuf_resource_release(self->res);
+    Py_END_ALLOW_THREADS
     Py_XDECREF(self->options);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -357,7 +362,10 @@ static PyObject *Caching_forget_stream(ResourceObject *self, PyObject *const *ar
 static PyObject *Caching_cache_stats(ResourceObject *self, void *c)
 {
     cubuf_caching_stats_t s = CUBUF_CACHING_STATS_INIT;
-    cubuf_status_t st = cubuf_caching_stats(self->res, &s);
+    cubuf_status_t st;
+    Py_BEGIN_ALLOW_THREADS /* the cache's lock, which a give-back holds across the upstream's free */
+    st = cubuf_caching_stats(self->res, &s);
+    Py_END_ALLOW_THREADS
     if (st != CUBUF_SUCCESS) return cbp_fail(st, "cache_stats");
     return Py_BuildValue("{snsnsnsnsKsK}", "cached_bytes", (Py_ssize_t)s.cached_bytes, "cached_count",
                          (Py_ssize_t)s.cached_count, "held_bytes", (Py_ssize_t)s.held_bytes, "live_bytes",

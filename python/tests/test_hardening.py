@@ -200,6 +200,18 @@ def test_deallocate_lets_the_gil_go():
                      "mr.deallocate(ptr, 4096, stream=s)\n")
 
 
+@pytest.mark.parametrize("end", ["del t", "t.close()", "mr.forget_stream(t)", "mr.trim()"])
+def test_cached_blocks_given_back_let_the_gil_go(end):
+    # A stream's end gives back the blocks a caching resource keeps on it, and a synchronous
+    # upstream's free waits for the device: Stream's destructor and close held the GIL.
+    _no_gil_deadlock("mr = cubuf.CachingMemoryResource(cubuf.SyncDeviceMemoryResource(0))\n"
+                     "t = cubuf.Stream(0)\n"
+                     "mr.allocate(4096, stream=t).close()\n"
+                     "fn = gate()\n"
+                     f"{end}\n"
+                     "assert mr.cache_stats['cached_count'] == 0\n")
+
+
 @pytest.mark.parametrize("call", ["b.copy_to(stream=s)", "b.__dlpack__(stream=-1, copy=True)"])
 def test_failed_copy_to_new_lets_the_gil_go(call):
     # A copy into new memory that fails after allocating frees the new buffer: a
