@@ -323,14 +323,16 @@ static PyObject *CachingResource_new(PyTypeObject *type, PyObject *args, PyObjec
     return resource_of(st, "CachingMemoryResource", type, res, ((ResourceObject *)up)->device, o);
 }
 
-/* A give-back calls the upstream's deallocate, which may wait for the
- * device (a synchronous resource): without the GIL. */
+/* None, or the failure raised. */
 static PyObject *caching_done(cubuf_status_t st, const char *what)
 {
     if (st != CUBUF_SUCCESS) return cbp_fail(st, what);
     Py_RETURN_NONE;
 }
 
+/* trim and forget_stream run without the GIL: a give-back calls the
+ * upstream's deallocate, which may wait for the device (a synchronous
+ * resource, where a Python host function may wait for the GIL). */
 static PyObject *Caching_trim(ResourceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"bytes_to_keep"};
