@@ -809,14 +809,18 @@ static cubuf_status_t imported_pool_deallocate(cubuf_resource_t *res, cubuf_buff
      * it: this close waits for its stream (outside the lock), as the close
      * of a VMM or legacy import does. Its reference still counts meanwhile,
      * so no other close is the last; if all the others closed meanwhile,
-     * this one is the last and frees. */
+     * this one is the last and frees. Whether it is the last is decided
+     * under the lock it then acts under: an import of the pointer may come
+     * whenever the lock is free, and a close that saw itself last, let go
+     * and found another reference after would drop its own unsynchronized. */
     pthread_mutex_lock(&pools_lock);
-    bool last = p->refs == 1;
-    pthread_mutex_unlock(&pools_lock);
-    if (!last && (st = cubuf__stream_sync(token)) != CUBUF_SUCCESS) return st;
-    pthread_mutex_lock(&pools_lock);
+    if (p->refs > 1) { /* not the last now: wait, then look again (synchronized either way) */
+        pthread_mutex_unlock(&pools_lock);
+        if ((st = cubuf__stream_sync(token)) != CUBUF_SUCCESS) return st;
+        pthread_mutex_lock(&pools_lock);
+    }
     bool retire = false;
-    if ((last = p->refs == 1)) {
+    if (p->refs == 1) {
         cubuf_ctx_guard_t g = {false};
         st = cubuf__ctx_push(cx, &g);
         if (st == CUBUF_SUCCESS) st = CU(cuMemFreeAsync, p->ptr, token->stream);
