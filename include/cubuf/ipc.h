@@ -349,7 +349,11 @@ typedef struct cubuf_ipc_recv_options {
  * reports: the process that connected, or for socketpair() the process that
  * created the pair (for both ends). A credential mismatch reads nothing.
  * Received fds are close-on-exec; on every failure each fd received so far is
- * closed (no fd leaks on any path).
+ * closed (no fd leaks on any path). A timeout before any of the descriptor
+ * arrived consumes nothing (a timeout of 0 polls); a failure after part of
+ * it was read (a timeout in the middle, malformed or truncated data) has
+ * consumed that part, so a SOCK_STREAM connection is then at an unknown
+ * place in its byte stream: close it rather than receive from it again.
  * Returns CUBUF_ERROR_INVALID_DESCRIPTOR (malformed or truncated data, more
  * fds than announced, credentials that do not match),
  * CUBUF_ERROR_SYSTEM (the peer closed the connection before sending anything
