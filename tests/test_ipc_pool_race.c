@@ -38,7 +38,7 @@ int main(void)
 
 static pthread_mutex_t *g_held[16], *g_import_lock;
 static int g_nheld;
-static pthread_t g_first, g_closer;
+static pthread_t g_first, g_closer; /* set by the threads themselves (run) */
 static atomic_bool g_first_set, g_closer_set, g_pause_armed, g_paused, g_hold_import, g_in_import;
 static int (*real_lock)(pthread_mutex_t *), (*real_unlock)(pthread_mutex_t *);
 
@@ -103,6 +103,8 @@ typedef struct op {
     cubuf_buffer_t *close;            /* close this, */
     const cubuf_ipc_descriptor_t *d;  /* or import this */
     CUstream s;
+    pthread_t *self;                  /* set to the thread before it starts (then *self_set) */
+    atomic_bool *self_set;
     cubuf_buffer_t *out;
     cubuf_status_t st;
 } op_t;
@@ -110,10 +112,21 @@ typedef struct op {
 static void *run(void *arg)
 {
     op_t *o = arg;
+    if (o->self) {
+        *o->self = pthread_self();
+        atomic_store(o->self_set, true);
+    }
     o->st = cubuf__drv.cuCtxSetCurrent(o->cx) != CUDA_SUCCESS ? CUBUF_ERROR_DRIVER
             : o->close ? cubuf_buffer_close(o->close)
                        : cubuf_buffer_from_ipc_descriptor(NULL, NULL, o->d, o->s, &o->out);
     return NULL;
+}
+
+/* Waits up to 10 s for *flag; false (a failed check, no hang) otherwise. */
+static bool wait_for(atomic_bool *flag)
+{
+    for (int i = 0; i < 10000 && !atomic_load(flag); i++) usleep(1000);
+    return atomic_load(flag);
 }
 
 static cubuf_ipc_descriptor_t *exported(cubuf_resource_t *res, CUstream s, cubuf_buffer_t **buf)
@@ -157,40 +170,56 @@ int main(void)
     cubuf__drv.cuMemFreeAsync = counted_free;
     cubuf__drv.cuMemPoolImportPointer = held_import;
     /* The first import (of another pointer) holds the import lock, to find it. */
-    op_t o1 = {.cx = cx, .d = d3, .s = s};
+    op_t o1 = {.cx = cx, .d = d3, .s = s, .self = &g_first, .self_set = &g_first_set};
+    pthread_t first_thread;
     atomic_store(&g_hold_import, true);
-    T_CHECK(pthread_create(&g_first, NULL, run, &o1) == 0);
-    atomic_store(&g_first_set, true);
-    while (!atomic_load(&g_in_import)) usleep(1000);
+    T_CHECK(pthread_create(&first_thread, NULL, run, &o1) == 0);
+    T_CHECK(wait_for(&g_in_import));
     atomic_store(&g_hold_import, false);
-    pthread_join(g_first, NULL);
+    pthread_join(first_thread, NULL);
     atomic_store(&g_first_set, false);
     T_OK(o1.st);
     T_CHECK(g_import_lock != NULL);
     /* The close pauses after its first look; the pointer is imported again meanwhile. */
-    op_t oc = {.cx = cx, .close = a}, oi = {.cx = cx, .d = d1, .s = s};
+    pthread_t closer;
+    op_t oc = {.cx = cx, .close = a, .self = &g_closer, .self_set = &g_closer_set},
+         oi = {.cx = cx, .d = d1, .s = s};
     pthread_t ti;
     atomic_store(&g_pause_armed, g_import_lock != NULL);
-    T_CHECK(pthread_create(&g_closer, NULL, run, &oc) == 0);
-    atomic_store(&g_closer_set, true);
-    while (g_import_lock && !atomic_load(&g_paused)) usleep(1000);
+    T_CHECK(pthread_create(&closer, NULL, run, &oc) == 0);
+    if (g_import_lock) T_CHECK(wait_for(&g_paused));
     T_CHECK(pthread_create(&ti, NULL, run, &oi) == 0);
-    pthread_join(g_closer, NULL);
+    pthread_join(closer, NULL);
     pthread_join(ti, NULL);
     atomic_store(&g_closer_set, false);
     T_OK(oc.st);
     T_OK(oi.st);
-    T_CHECK(oi.out && cubuf_buffer_ptr(oi.out) == g_ptr); /* the same import, now the other buffer's */
-    /* The close left the pointer to the other buffer: it synchronized its
-     * stream, or it was the last and freed on it. */
+    T_CHECK(oi.out != NULL);
+    /* The close left the pointer to the other buffer, or freed it as its
+     * last holder: it synchronized its stream, or freed on it. */
     printf("the close: %d synchronization(s) of its stream, %d free(s) of the pointer\n",
            atomic_load(&g_syncs), atomic_load(&g_frees));
     T_CHECK(atomic_load(&g_syncs) + atomic_load(&g_frees) >= 1);
+    cubuf_buffer_release(oi.out); /* the pointer's last holder: freed */
+    /* Two buffers on one pointer, closed one after the other: the first
+     * close is not the last, and synchronizes its stream; the second frees. */
+    cubuf_buffer_t *b1 = NULL, *b2 = NULL;
+    T_REQUIRE(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d1, g_closer_stream, &b1));
+    T_REQUIRE(cubuf_buffer_from_ipc_descriptor(NULL, NULL, d1, s, &b2));
+    g_ptr = cubuf_buffer_ptr(b1);
+    T_CHECK(cubuf_buffer_ptr(b2) == g_ptr); /* one import of the pointer, two holders */
+    atomic_store(&g_syncs, 0);
+    atomic_store(&g_frees, 0);
+    T_OK(cubuf_buffer_close(b1));
+    T_CHECK(atomic_load(&g_syncs) >= 1 && atomic_load(&g_frees) == 0);
+    T_OK(cubuf_buffer_close(b2));
+    T_CHECK(atomic_load(&g_frees) == 1);
+    cubuf_buffer_release(b1);
+    cubuf_buffer_release(b2);
     cubuf__drv.cuStreamSynchronize = real_sync;
     cubuf__drv.cuMemFreeAsync = real_free;
     cubuf__drv.cuMemPoolImportPointer = real_import;
     cubuf_buffer_release(a);
-    cubuf_buffer_release(oi.out);
     cubuf_buffer_release(o1.out);
     cubuf_buffer_release(keep);
     cubuf_ipc_descriptor_destroy(d1);
