@@ -36,22 +36,18 @@ const char cubuf__adaptor_no_export[] =
     "into another process): share a buffer allocated from the upstream resource itself";
 
 static _Thread_local int32_t tls_tid;
-static CUBUF_TLS_ACCESSOR int32_t *tid_slot(void) { return &tls_tid; }
+CUBUF_TLS_ACCESSOR int32_t *cubuf__adaptor_tid_slot(void) { return &tls_tid; }
 static pthread_once_t tid_once = PTHREAD_ONCE_INIT;
 
 /* A child of fork() runs on a copy of the forking thread, cache included:
  * it asks the kernel again. */
-static void tid_forget(void) { *tid_slot() = 0; }
+static void tid_forget(void) { *cubuf__adaptor_tid_slot() = 0; }
 static void tid_watch_forks(void) { (void)pthread_atfork(NULL, NULL, tid_forget); }
 
-int32_t cubuf__adaptor_thread_id(void)
+int32_t cubuf__adaptor_thread_id_slow(int32_t *slot)
 {
-    int32_t *tid = tid_slot();
-    if (__builtin_expect(!*tid, 0)) {
-        pthread_once(&tid_once, tid_watch_forks);
-        *tid = (int32_t)syscall(SYS_gettid);
-    }
-    return *tid;
+    pthread_once(&tid_once, tid_watch_forks);
+    return *slot = (int32_t)syscall(SYS_gettid);
 }
 
 void cubuf__adaptor_destroy(cubuf_resource_t *res)

@@ -15,8 +15,17 @@ extern const char cubuf__adaptor_no_export[];
 cubuf_status_t cubuf__adaptor_new(cubuf_resource_t *up, const cubuf_resource_vtbl_t *vt,
                                   size_t impl_size, const char *what, cubuf_resource_t **out);
 /* The calling thread's kernel id (cached per thread): what the log and the
- * tracker name a thread by. */
-int32_t cubuf__adaptor_thread_id(void);
+ * tracker name a thread by. Inline around the thread-local's accessor
+ * (CUBUF_TLS_ACCESSOR, adaptor.c), which does nothing else: the tracker
+ * reads it at every allocation, and a call more showed in its cost. */
+int32_t *cubuf__adaptor_tid_slot(void);
+int32_t cubuf__adaptor_thread_id_slow(int32_t *slot); /* the first read: asks the kernel */
+static inline int32_t cubuf__adaptor_thread_id(void)
+{
+    int32_t *slot = cubuf__adaptor_tid_slot();
+    const int32_t tid = *slot;
+    return __builtin_expect(tid != 0, 1) ? tid : cubuf__adaptor_thread_id_slow(slot);
+}
 
 /* The vtbl destroy of an adaptor with no state to free: lets the upstream go. */
 void cubuf__adaptor_destroy(cubuf_resource_t *res);

@@ -30,10 +30,10 @@ typedef struct track_adaptor {
     track_shard_t shards[TRACK_SHARDS];
 } track_adaptor_t;
 
-static track_shard_t *shard_of(track_adaptor_t *t, CUdeviceptr p)
-{
-    return &t->shards[((uint64_t)p * 0x9E3779B97F4A7C15ull >> 40) % TRACK_SHARDS];
-}
+/* A pointer's shard: the top bits of the hash its map slot is taken from
+ * (ptrmap.h), so allocate and free hash each pointer once. */
+_Static_assert(TRACK_SHARDS == 32, "the shard is the hash's top 5 bits");
+static track_shard_t *shard_of(track_adaptor_t *t, uint64_t hash) { return &t->shards[hash >> 59]; }
 
 static void shard_lock(track_shard_t *s) { cubuf__lock(&s->lock); }
 static void shard_unlock(track_shard_t *s) { cubuf__unlock(&s->lock); }
@@ -55,9 +55,10 @@ static cubuf_status_t track_allocate(cubuf_resource_t *res, cubuf_buffer_t *buf,
     }
     const cubuf_ptr_entry_t e = {buf->ptr, buf->size, buf->dealloc.stream, trace,
                                  (uint64_t)cubuf__adaptor_thread_id()};
-    track_shard_t *s = shard_of(t, buf->ptr);
+    const uint64_t hash = cubuf__ptrmap_hash(e.ptr);
+    track_shard_t *s = shard_of(t, hash);
     shard_lock(s);
-    st = cubuf__ptrmap_insert(&s->map, &e);
+    st = cubuf__ptrmap_insert_hashed(&s->map, &e, hash);
     if (st == CUBUF_SUCCESS) s->bytes += buf->size;
     shard_unlock(s);
     if (st != CUBUF_SUCCESS) { /* untracked memory must not leave: give it back */
@@ -74,10 +75,12 @@ static cubuf_status_t track_deallocate(cubuf_resource_t *res, cubuf_buffer_t *bu
                                        const cubuf_stream_token_t *token, cubuf_charge_t *charge)
 {
     track_adaptor_t *t = res->impl;
-    track_shard_t *s = shard_of(t, buf->ptr);
+    const CUdeviceptr ptr = buf->ptr;
+    const uint64_t hash = cubuf__ptrmap_hash(ptr);
+    track_shard_t *s = shard_of(t, hash);
     cubuf_ptr_entry_t e = {0, 0, NULL, NULL, 0};
     shard_lock(s);
-    bool found = cubuf__ptrmap_remove(&s->map, buf->ptr, &e);
+    bool found = cubuf__ptrmap_remove_hashed(&s->map, ptr, hash, &e);
     bool ours = found && e.size == buf->size;
     if (found && !ours) (void)cubuf__ptrmap_put_back(&s->map, &e); /* just taken out: room */
     if (ours) s->bytes -= e.size;

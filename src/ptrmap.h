@@ -31,10 +31,14 @@ bool cubuf__ptrmap_put_back(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e);
 /* The hot paths are inline: an adaptor's allocate and free each make one
  * insert or remove, and a call apiece shows in their cost. */
 
+/* Fibonacci hashing (allocations share low bits): a map slot takes bits 20
+ * and up of the product, so an owner that shards its maps may take the top
+ * bits (cubuf__ptrmap_hash >> 59 for 32 shards) without skewing the slots. */
+static inline uint64_t cubuf__ptrmap_hash(CUdeviceptr p) { return (uint64_t)p * 0x9E3779B97F4A7C15ull; }
+static inline size_t cubuf__ptrmap_home_of(uint64_t hash, size_t cap) { return (size_t)(hash >> 20) & (cap - 1); }
 static inline size_t cubuf__ptrmap_home(CUdeviceptr p, size_t cap)
 {
-    uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing: allocations share low bits */
-    return (size_t)(h >> 20) & (cap - 1);
+    return cubuf__ptrmap_home_of(cubuf__ptrmap_hash(p), cap);
 }
 
 /* Field by field, not as a struct assignment: the compiler moves a struct
@@ -52,46 +56,64 @@ static inline void cubuf__ptrmap_copy(cubuf_ptr_entry_t *d, const cubuf_ptr_entr
     d->c = s->c;
 }
 
-/* Stores e in its slot; a free slot must exist. */
-static inline void cubuf__ptrmap_put(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+/* Stores e (its pointer hashed to `hash`) in its slot; a free slot must exist. */
+static inline void cubuf__ptrmap_put_hashed(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e, uint64_t hash)
 {
-    size_t i = cubuf__ptrmap_home(e->ptr, m->cap);
+    size_t i = cubuf__ptrmap_home_of(hash, m->cap);
     while (m->slots[i].ptr) i = (i + 1) & (m->cap - 1);
     cubuf__ptrmap_copy(&m->slots[i], e);
     m->used++;
 }
+static inline void cubuf__ptrmap_put(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    cubuf__ptrmap_put_hashed(m, e, cubuf__ptrmap_hash(e->ptr));
+}
 
-/* Adds e (e->ptr != 0, not in the map). CUBUF_ERROR_OUT_OF_MEMORY when the
- * map must grow and cannot; the map is unchanged then. */
-static inline cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+/* Adds e (e->ptr != 0, not in the map; hashed to `hash`).
+ * CUBUF_ERROR_OUT_OF_MEMORY when the map must grow and cannot; the map is
+ * unchanged then. */
+static inline cubuf_status_t cubuf__ptrmap_insert_hashed(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e,
+                                                         uint64_t hash)
 {
     if (__builtin_expect(2 * (m->used + 1) > m->cap, 0)) {
         cubuf_status_t st = cubuf__ptrmap_reserve(m, 1);
         if (st != CUBUF_SUCCESS) return st;
     }
-    cubuf__ptrmap_put(m, e);
+    cubuf__ptrmap_put_hashed(m, e, hash);
     return CUBUF_SUCCESS;
+}
+static inline cubuf_status_t cubuf__ptrmap_insert(cubuf_ptrmap_t *m, const cubuf_ptr_entry_t *e)
+{
+    return cubuf__ptrmap_insert_hashed(m, e, cubuf__ptrmap_hash(e->ptr));
+}
+
+/* The slot of ptr, or cap when absent (cap 0 included); `hash` is
+ * cubuf__ptrmap_hash(ptr), which the owner may have made already. */
+static inline size_t cubuf__ptrmap_slot(const cubuf_ptrmap_t *m, CUdeviceptr ptr, uint64_t hash)
+{
+    if (!m->cap || !ptr) return m->cap;
+    size_t i = cubuf__ptrmap_home_of(hash, m->cap);
+    while (m->slots[i].ptr && m->slots[i].ptr != ptr) i = (i + 1) & (m->cap - 1);
+    return m->slots[i].ptr ? i : m->cap;
 }
 
 /* The entry of ptr, or NULL; valid until the map next changes. */
 static inline cubuf_ptr_entry_t *cubuf__ptrmap_find(cubuf_ptrmap_t *m, CUdeviceptr ptr)
 {
-    if (!m->cap || !ptr) return NULL;
-    size_t i = cubuf__ptrmap_home(ptr, m->cap);
-    while (m->slots[i].ptr && m->slots[i].ptr != ptr) i = (i + 1) & (m->cap - 1);
-    return m->slots[i].ptr ? &m->slots[i] : NULL;
+    const size_t i = cubuf__ptrmap_slot(m, ptr, cubuf__ptrmap_hash(ptr));
+    return i < m->cap ? &m->slots[i] : NULL;
 }
 
-/* Takes the entry of ptr out into *e; false (and *e untouched) when absent.
- * Backward-shift deletion: entries after the hole that may move into it
- * do, so lookups never need tombstones. */
-static inline bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e)
+/* Takes the entry of ptr (hashed to `hash`) out into *e; false (and *e
+ * untouched) when absent. Backward-shift deletion: entries after the hole
+ * that may move into it do, so lookups never need tombstones. */
+static inline bool cubuf__ptrmap_remove_hashed(cubuf_ptrmap_t *m, CUdeviceptr ptr, uint64_t hash,
+                                               cubuf_ptr_entry_t *e)
 {
-    cubuf_ptr_entry_t *s = cubuf__ptrmap_find(m, ptr);
-    if (!s) return false;
-    cubuf__ptrmap_copy(e, s);
+    size_t i = cubuf__ptrmap_slot(m, ptr, hash);
+    if (i == m->cap) return false;
+    cubuf__ptrmap_copy(e, &m->slots[i]);
     const size_t mask = m->cap - 1;
-    size_t i = (size_t)(s - m->slots);
     for (size_t j = i;;) {
         m->slots[i].ptr = 0;
         for (;;) {
@@ -108,6 +130,11 @@ static inline bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubu
         cubuf__ptrmap_copy(&m->slots[i], &m->slots[j]);
         i = j;
     }
+}
+
+static inline bool cubuf__ptrmap_remove(cubuf_ptrmap_t *m, CUdeviceptr ptr, cubuf_ptr_entry_t *e)
+{
+    return cubuf__ptrmap_remove_hashed(m, ptr, cubuf__ptrmap_hash(ptr), e);
 }
 
 /* Frees the slots (not what entries point to). */
