@@ -155,7 +155,11 @@ void *cubuf_cupy_malloc(void *param, size_t size, int device)
     cubuf_status_t st = cubuf__ptrmap_insert(&s->map, &e);
     pthread_mutex_unlock(&s->mutex);
     if (st != CUBUF_SUCCESS) {
-        (void)fw_free(device, p, size, CU_STREAM_LEGACY);
+        const cubuf_status_t fst = fw_free(device, p, size, CU_STREAM_LEGACY);
+        if (fst != CUBUF_SUCCESS)
+            cubuf__warn(fst, "cubuf_cupy_malloc: %zu bytes at 0x%llx could not be given back after the "
+                        "pointer table failed to grow (lost): %s",
+                        size, (unsigned long long)p, cubuf_last_error());
         cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cubuf_cupy_malloc: cannot grow the pointer table");
         return NULL;
     }

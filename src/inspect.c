@@ -33,6 +33,13 @@ bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf)
     return false; /* a plain view: its owner's release (a Python object's) takes the GIL itself */
 }
 
+bool cubuf__inspect_allocate_may_wait(const cubuf_resource_t *res)
+{
+    for (const cubuf_resource_t *r = res; r; r = r->upstream) /* set for adaptors only */
+        if (cubuf__caching_upstream(r)) return true;
+    return false;
+}
+
 int cubuf__inspect_open_slices(const cubuf_buffer_t *buf) { return atomic_load(&buf->open_slices); }
 
 size_t cubuf__inspect_resource_refs(cubuf_resource_t *res)

@@ -22,6 +22,12 @@ void *cubuf__inspect_buffer_owner(const cubuf_buffer_t *buf, cubuf_owner_release
  * directly or through adaptors and caching resources over one. The Python
  * package lets the GIL go around a close that may. */
 bool cubuf__inspect_close_may_wait(const cubuf_buffer_t *buf);
+/* Whether an allocation from res may wait for the device: when a caching
+ * resource is in its chain (on out of memory it gives its blocks back and
+ * synchronizes their streams, and a give-back over a synchronous upstream
+ * holds the cache's lock across frees that wait). The Python package lets
+ * the GIL go around such an allocation. */
+bool cubuf__inspect_allocate_may_wait(const cubuf_resource_t *res);
 /* Whether releasing root's owner may wait: root holds an imported DLPack
  * tensor whose deleter may free memory (dlpack.c): a cubuf tensor's when
  * the buffer it holds may wait to close, any other producer's always (its

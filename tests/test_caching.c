@@ -797,6 +797,35 @@ static void test_cupy_failures(void)
     T_CHECK(refused);
     for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
     T_CHECK(u.live == 0 && w.n == 2);
+    /* The same, and the give-back fails too: the memory is lost, and a
+     * warning says so and where (it was lost silently). */
+    refused = false;
+    nkept = 0;
+    while (!refused && nkept < 256) {
+        const long live = u.live;
+        u.fail_at = u.calls + 2; /* the give-back, the call after the allocation */
+        cubuf_fault_fail_alloc_nth(1);
+        void *q = cubuf_cupy_malloc(NULL, 64, 7);
+        bool fired = cubuf_fault_fired();
+        cubuf_fault_reset();
+        u.fail_at = 0;
+        if (fired) {
+            T_CHECK(q == NULL && u.live == live + 1 && w.n == 3);
+            T_CHECK(strstr(w.last, "could not be given back") != NULL);
+            T_CHECK(strstr(cubuf_last_error(), "cannot grow the pointer table") != NULL);
+            const char *at = strstr(w.last, " at 0x");
+            const unsigned long long lost = at ? strtoull(at + 4, NULL, 16) : 0;
+            T_CHECK(lost != 0);
+            if (lost) T_OK(up_dealloc(&u, (CUdeviceptr)lost, 64, NULL)); /* the test's own cleanup */
+            refused = true;
+        } else {
+            T_CHECK(q != NULL);
+            kept[nkept++] = q;
+        }
+    }
+    T_CHECK(refused);
+    for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
+    T_CHECK(u.live == 0 && w.n == 3);
     cubuf_set_warning_handler(NULL, NULL);
     cubuf_resource_release(up); /* the slot keeps it for the process */
 }

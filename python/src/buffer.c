@@ -455,7 +455,11 @@ cubuf_buffer_t *cbp_buffer_hold(BufferObject *self, const char *what)
 int cbp_buffer_copy_to_new(BufferObject *self, CUstream s, const cubuf_copy_options_t *o,
                            cubuf_buffer_t **out, cubuf_status_t *st, const char *what)
 {
-    if (!cubuf__inspect_close_may_wait(self->buf)) {
+    /* The new memory comes from the source's resource (its root's): a
+     * caching resource's allocation may wait too. */
+    const cubuf_buffer_t *root = cubuf_buffer_parent(self->buf);
+    cubuf_resource_t *from = cubuf_buffer_resource(root ? root : self->buf);
+    if (!cubuf__inspect_close_may_wait(self->buf) && !(from && cubuf__inspect_allocate_may_wait(from))) {
         *st = cubuf_buffer_copy_to_new(self->buf, s, o, out);
         return 0;
     }

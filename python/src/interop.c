@@ -184,6 +184,10 @@ PyObject *cbp_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_
      * (dl_device=(1, 0)), whose stream -1 cannot cover work of ours. */
     if (rc == 0 && (host_consumer || (copied && as_cpu)))
         rc = cbp_stream_sync(dev, ws, PyExc_BufferError, "__dlpack__");
+    /* That wait let the GIL go: a close that waits may have claimed the
+     * buffer meanwhile and be freeing it now (one that finished has closed
+     * it, which the export below refuses). */
+    if (rc == 0 && !copied && cbp_buffer_usable(self, "__dlpack__") < 0) rc = -1;
     /* A copy for a consumer without a stream (-1, the host) was made on ws,
      * and the tensor may outlive ws's Python object and so the stream: it
      * is freed on the legacy stream instead (made to wait for ws), unless

@@ -212,6 +212,78 @@ def test_cached_blocks_given_back_let_the_gil_go(end):
                      "assert mr.cache_stats['cached_count'] == 0\n")
 
 
+def test_caching_allocate_out_of_memory_lets_the_gil_go():
+    # A caching resource that the upstream tells out of memory gives its blocks back and
+    # synchronizes their streams before it retries: MemoryResource.allocate held the GIL
+    # through that, while s's host function waited for it.
+    _no_gil_deadlock("mr = cubuf.CachingMemoryResource(cubuf.SyncDeviceMemoryResource(0))\n"
+                     "mr.allocate(4096, stream=s).close()\n"
+                     "fn = gate()\n"
+                     "try:\n"
+                     "    mr.allocate(1 << 50, stream=s)\n"
+                     "except cubuf.CUDAError as e:\n"
+                     "    assert 'OUT_OF_MEMORY' in str(e), e\n"
+                     "else:\n"
+                     "    raise SystemExit('1 PiB was allocated')\n"
+                     "assert mr.cache_stats['cached_count'] == 0\n")
+
+
+def test_caching_allocate_during_a_give_back_lets_the_gil_go():
+    # trim() lets the GIL go and holds the cache's lock across the synchronous upstream's
+    # free, which waits for s's host function; an allocation on a stream the cache has not
+    # seen takes that lock, and held the GIL while it waited for it.
+    _no_gil_deadlock("mr = cubuf.CachingMemoryResource(cubuf.SyncDeviceMemoryResource(0))\n"
+                     "t, u = cubuf.Stream(0), cubuf.Stream(0)\n"
+                     "mr.allocate(4096, stream=t).close()\n"
+                     "fn = Driver.HOST_FN(lambda _: ev.wait())\n"
+                     "drv.launch_host_func(cubuf.Context(0), s, fn)\n"
+                     "a = threading.Thread(target=mr.trim)\n"
+                     "a.start()\n"
+                     "time.sleep(0.3)\n"
+                     "ev.set()\n"
+                     "b = mr.allocate(4096, stream=u)\n"
+                     "a.join()\n"
+                     "b.close()\n")
+
+
+def test_host_export_racing_a_close_that_waits():
+    # __dlpack__ for a host consumer waits for the work stream without the GIL; a close that
+    # waits (cuMemFreeHost) claimed the buffer meanwhile, and the export went on with memory
+    # the close then freed: both succeeded, and the consumer read unmapped memory. One of
+    # the two must fail now.
+    _no_gil_deadlock("s2 = cubuf.Stream(0)\n"
+                     "b = cubuf.LegacyPinnedMemoryResource(0).allocate(4096, stream=s)\n"
+                     "ev2 = threading.Event()\n"
+                     "f1 = Driver.HOST_FN(lambda _: ev.wait())\n"
+                     "drv.launch_host_func(cubuf.Context(0), s, f1)\n"
+                     "f2 = Driver.HOST_FN(lambda _: ev2.wait())\n"
+                     "drv.launch_host_func(cubuf.Context(0), s2, f2)\n"
+                     "out = {}\n"
+                     "def export():\n"
+                     "    try:\n"
+                     "        out['cap'] = b.__dlpack__(dl_device=(1, 0))\n"
+                     "    except RuntimeError as e:\n"
+                     "        out['export'] = str(e)\n"
+                     "def close():\n"
+                     "    try:\n"
+                     "        b.close()\n"
+                     "        out['closed'] = True\n"
+                     "    except cubuf.CUDAError as e:\n"
+                     "        out['close'] = str(e)\n"
+                     "t1 = threading.Thread(target=export)\n"
+                     "t1.start()\n"
+                     "time.sleep(0.3)\n"  # t1 waits for s without the GIL
+                     "t2 = threading.Thread(target=close)\n"
+                     "t2.start()\n"
+                     "time.sleep(0.3)\n"  # t2 claimed b and waits in cuMemFreeHost for s2
+                     "ev.set()\n"
+                     "t1.join()\n"
+                     "ev2.set()\n"
+                     "t2.join()\n"
+                     "assert ('cap' in out) != out.get('closed', False), out\n"
+                     "assert 'being closed' in out.get('export', 'being closed'), out\n")
+
+
 @pytest.mark.parametrize("call", ["b.copy_to(stream=s)", "b.__dlpack__(stream=-1, copy=True)"])
 def test_failed_copy_to_new_lets_the_gil_go(call):
     # A copy into new memory that fails after allocating frees the new buffer: a
