@@ -85,8 +85,13 @@ cubuf_status_t cubuf_context_wrap(CUcontext handle, cubuf_context_t **out)
     if ((st = CU(cuDeviceGetCount, &n)) != CUBUF_SUCCESS) return st;
     for (int i = 0; i < n && ordinal < 0; i++) {
         CUdevice d;
-        if (CU(cuDeviceGet, &d, i) == CUBUF_SUCCESS && d == dev) ordinal = i;
+        if ((st = CU(cuDeviceGet, &d, i)) != CUBUF_SUCCESS) return st;
+        if (d == dev) ordinal = i;
     }
+    if (ordinal < 0) /* its pools would be made for device -1 */
+        return cubuf__fail(CUBUF_ERROR_DRIVER,
+                           "cubuf_context_wrap: the context's device (%d) is none of the %d "
+                           "devices the driver lists", (int)dev, n);
     cubuf_context_t *ctx = cubuf__calloc(1, sizeof *ctx);
     if (!ctx) return cubuf__fail(CUBUF_ERROR_OUT_OF_MEMORY, "cannot allocate a context");
     atomic_init(&ctx->refs, 1);

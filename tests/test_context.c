@@ -85,6 +85,13 @@ int main(void)
     T_OK(cubuf_context_synchronize(wrapped));
     cubuf_context_destroy(wrapped);
     T_CHECK(current() == NULL);
+    /* The device's ordinal cannot be found: refused, not a context of
+     * device -1 (a failed cuDeviceGet was skipped, and the wrap succeeded). */
+    wrapped = NULL;
+    T_CHECK(cubuf_fault_fail_nth("cuDeviceGet", 1, CUDA_ERROR_UNKNOWN));
+    T_STATUS(cubuf_context_wrap(mine, &wrapped), CUBUF_ERROR_DRIVER);
+    T_CHECK(cubuf_fault_fired() && wrapped == NULL && current() == NULL);
+    cubuf_fault_reset();
     /* Still alive: it can be made current and synchronized. */
     T_CU(cuCtxPushCurrent, mine);
     T_CU(cuCtxSynchronize);
