@@ -228,12 +228,17 @@ def test_caching_allocate_out_of_memory_lets_the_gil_go():
                      "assert mr.cache_stats['cached_count'] == 0\n")
 
 
-def test_caching_allocate_during_a_give_back_lets_the_gil_go():
+@pytest.mark.parametrize("call", ["mr.allocate(4096, stream=u)", "src.copy_to(stream=u)"])
+def test_caching_allocate_during_a_give_back_lets_the_gil_go(call):
     # trim() lets the GIL go and holds the cache's lock across the synchronous upstream's
     # free, which waits for s's host function; an allocation on a stream the cache has not
-    # seen takes that lock, and held the GIL while it waited for it.
+    # seen takes that lock, and held the GIL while it waited for it. A copy into new
+    # memory allocates from its source's resource: over a synchronous upstream it let the
+    # GIL go already (its source's close may wait); over a pool only an out-of-memory
+    # release waits, which no test here provokes.
     _no_gil_deadlock("mr = cubuf.CachingMemoryResource(cubuf.SyncDeviceMemoryResource(0))\n"
                      "t, u = cubuf.Stream(0), cubuf.Stream(0)\n"
+                     "src = mr.allocate(8192, stream=t)\n"
                      "mr.allocate(4096, stream=t).close()\n"
                      "fn = Driver.HOST_FN(lambda _: ev.wait())\n"
                      "drv.launch_host_func(cubuf.Context(0), s, fn)\n"
@@ -241,9 +246,10 @@ def test_caching_allocate_during_a_give_back_lets_the_gil_go():
                      "a.start()\n"
                      "time.sleep(0.3)\n"
                      "ev.set()\n"
-                     "b = mr.allocate(4096, stream=u)\n"
+                     f"b = {call}\n"
                      "a.join()\n"
-                     "b.close()\n")
+                     "b.close()\n"
+                     "src.close()\n")
 
 
 def test_host_export_racing_a_close_that_waits():
