@@ -759,6 +759,36 @@ static void test_framework_set(void)
  * a pointer it never handed out frees nothing (both warn); an allocation
  * whose size cannot be recorded is given back, and says why in the last
  * error. */
+/* cubuf_cupy_malloc on slot 7 (u) until a new shard's first insert fails,
+ * its host allocation made to fail at each call; `give_back_fails`: the
+ * upstream's free of that memory fails too. Checks the refused call (NULL,
+ * the table's error, the memory given back or not) and frees the pointers
+ * made before it. Whether a call was refused. */
+static bool cupy_refused_insert(host_up_t *u, bool give_back_fails)
+{
+    void *kept[256];
+    int nkept = 0;
+    bool refused = false;
+    while (!refused && nkept < 256) {
+        const long live = u->live;
+        if (give_back_fails) u->fail_at = u->calls + 2; /* the call after the allocation */
+        cubuf_fault_fail_alloc_nth(1);
+        void *q = cubuf_cupy_malloc(NULL, 64, 7);
+        refused = cubuf_fault_fired();
+        cubuf_fault_reset();
+        u->fail_at = 0;
+        if (refused) {
+            T_CHECK(q == NULL && u->live == live + give_back_fails);
+            T_CHECK(strstr(cubuf_last_error(), "cannot grow the pointer table") != NULL);
+        } else {
+            T_CHECK(q != NULL);
+            kept[nkept++] = q;
+        }
+    }
+    for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
+    return refused;
+}
+
 static void test_cupy_failures(void)
 {
     static host_up_t u; /* slot 7 keeps the resource, and so this state, for the process */
@@ -775,57 +805,19 @@ static void test_cupy_failures(void)
     T_CHECK(w.n == 1 && u.live == 0 && u.deallocs == 1 && u.last_dealloc_size == 300);
     cubuf_cupy_free(NULL, p, 7); /* gone now */
     T_CHECK(w.n == 2 && u.deallocs == 1 && strstr(w.last, "not allocated by cubuf_cupy_malloc"));
-    /* A table that cannot grow: a new shard's first insert fails. */
-    void *kept[256];
-    int nkept = 0;
-    bool refused = false;
-    while (!refused && nkept < 256) {
-        const long live = u.live;
-        cubuf_fault_fail_alloc_nth(1);
-        void *q = cubuf_cupy_malloc(NULL, 64, 7);
-        bool fired = cubuf_fault_fired();
-        cubuf_fault_reset();
-        if (fired) {
-            T_CHECK(q == NULL && u.live == live); /* the memory went back */
-            T_CHECK(strstr(cubuf_last_error(), "cannot grow the pointer table") != NULL);
-            refused = true;
-        } else {
-            T_CHECK(q != NULL);
-            kept[nkept++] = q;
-        }
-    }
-    T_CHECK(refused);
-    for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
+    /* A table that cannot grow: a new shard's first insert fails, and the
+     * memory goes back. */
+    T_CHECK(cupy_refused_insert(&u, false));
     T_CHECK(u.live == 0 && w.n == 2);
     /* The same, and the give-back fails too: the memory is lost, and a
      * warning says so and where (it was lost silently). */
-    refused = false;
-    nkept = 0;
-    while (!refused && nkept < 256) {
-        const long live = u.live;
-        u.fail_at = u.calls + 2; /* the give-back, the call after the allocation */
-        cubuf_fault_fail_alloc_nth(1);
-        void *q = cubuf_cupy_malloc(NULL, 64, 7);
-        bool fired = cubuf_fault_fired();
-        cubuf_fault_reset();
-        u.fail_at = 0;
-        if (fired) {
-            T_CHECK(q == NULL && u.live == live + 1 && w.n == 3);
-            T_CHECK(strstr(w.last, "could not be given back") != NULL);
-            T_CHECK(strstr(cubuf_last_error(), "cannot grow the pointer table") != NULL);
-            const char *at = strstr(w.last, " at 0x");
-            const unsigned long long lost = at ? strtoull(at + 4, NULL, 16) : 0;
-            T_CHECK(lost != 0);
-            if (lost) T_OK(up_dealloc(&u, (CUdeviceptr)lost, 64, NULL)); /* the test's own cleanup */
-            refused = true;
-        } else {
-            T_CHECK(q != NULL);
-            kept[nkept++] = q;
-        }
-    }
-    T_CHECK(refused);
-    for (int i = 0; i < nkept; i++) cubuf_cupy_free(NULL, kept[i], 7);
-    T_CHECK(u.live == 0 && w.n == 3);
+    T_CHECK(cupy_refused_insert(&u, true));
+    T_CHECK(u.live == 1 && w.n == 3 && strstr(w.last, "could not be given back") != NULL);
+    const char *at = strstr(w.last, " at 0x");
+    const unsigned long long lost = at ? strtoull(at + 4, NULL, 16) : 0;
+    T_CHECK(lost != 0);
+    if (lost) T_OK(up_dealloc(&u, (CUdeviceptr)lost, 64, NULL)); /* the test's own cleanup */
+    T_CHECK(u.live == 0);
     cubuf_set_warning_handler(NULL, NULL);
     cubuf_resource_release(up); /* the slot keeps it for the process */
 }
