@@ -240,14 +240,19 @@ static void warn_lost(void)
                 cubuf_last_error());
 }
 
-/* An event that has no ring, written at once (after what the rings hold). */
+/* An event that has no ring, written at once (after what the rings hold).
+ * On the allocating thread: a failed write is a warning, and the thread's
+ * error detail stays the call's own (cubuf__error_save). */
 static void write_alone(log_adaptor_t *l, const log_event_t *e, log_state_t *state)
 {
+    cubuf_error_saved_t saved;
+    cubuf__error_save(&saved);
     pthread_mutex_lock(&l->out_lock);
     cubuf_status_t st = write_rings(l, false, NULL);
     if (st == CUBUF_SUCCESS) st = write_events(l, state, e, 1);
     pthread_mutex_unlock(&l->out_lock);
     if (st != CUBUF_SUCCESS) warn_lost();
+    cubuf__error_restore(&saved);
 }
 
 /* Asks for the line at p to be owned for writing. The writer thread read
@@ -288,9 +293,12 @@ static void make_room(log_adaptor_t *l, log_ring_t *r, uint64_t h)
             const int64_t now = mono_ns();
             if (!give_up) give_up = now + LOG_FULL_WAIT_NS;
             if (now > give_up && pthread_mutex_trylock(&l->out_lock) == 0) {
+                cubuf_error_saved_t saved; /* as in write_alone */
+                cubuf__error_save(&saved);
                 const cubuf_status_t st = write_rings(l, false, NULL);
                 pthread_mutex_unlock(&l->out_lock);
                 if (st != CUBUF_SUCCESS) warn_lost();
+                cubuf__error_restore(&saved);
                 give_up = 0;
             }
         }

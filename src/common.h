@@ -52,6 +52,16 @@ void cubuf__detail_clear(void);
 void cubuf__warn(cubuf_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Remembers the CUresult of a failed driver call for cubuf_last_cuda_result. */
 void cubuf__set_last_cu(CUresult r);
+/* The thread's detail and CUresult, kept across work whose own failure is
+ * reported another way (a warning) inside a call that reports something
+ * else: the log's write within an allocation, say. */
+#define CUBUF__DETAIL_MAX 1024
+typedef struct cubuf_error_saved {
+    char detail[CUBUF__DETAIL_MAX];
+    CUresult cu;
+} cubuf_error_saved_t;
+void cubuf__error_save(cubuf_error_saved_t *s);
+void cubuf__error_restore(const cubuf_error_saved_t *s);
 
 /* The checking macro: run a status-returning expression, unwind on failure.
  * Functions using it declare `cubuf_status_t st` and a `fail:` label. */

@@ -27,10 +27,8 @@ const char *cubuf_status_string(cubuf_status_t status)
     return "unknown status";
 }
 
-#define DETAIL_MAX 1024
-
 typedef struct error_tls {
-    char last_error[DETAIL_MAX];
+    char last_error[CUBUF__DETAIL_MAX];
     CUresult last_cu;
 } error_tls_t;
 
@@ -42,12 +40,26 @@ CUresult cubuf_last_cuda_result(void) { return mine()->last_cu; }
 void cubuf__set_last_cu(CUresult r) { mine()->last_cu = r; }
 void cubuf__detail_clear(void) { mine()->last_error[0] = '\0'; }
 
+void cubuf__error_save(cubuf_error_saved_t *s)
+{
+    const error_tls_t *t = mine();
+    memcpy(s->detail, t->last_error, sizeof s->detail);
+    s->cu = t->last_cu;
+}
+
+void cubuf__error_restore(const cubuf_error_saved_t *s)
+{
+    error_tls_t *t = mine();
+    memcpy(t->last_error, s->detail, sizeof t->last_error);
+    t->last_cu = s->cu;
+}
+
 cubuf_status_t cubuf__fail(cubuf_status_t st, const char *fmt, ...)
 {
     /* The detail may be built from the previous one (vsnprintf from itself is
      * undefined), so format into a scratch buffer first. */
     error_tls_t *t = mine();
-    char tmp[DETAIL_MAX];
+    char tmp[CUBUF__DETAIL_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
@@ -62,15 +74,15 @@ void cubuf__detail_append(const char *fmt, ...)
 {
     char *last_error = mine()->last_error;
     size_t n = strlen(last_error);
-    if (n + 4 >= DETAIL_MAX) return;
+    if (n + 4 >= CUBUF__DETAIL_MAX) return;
     last_error[n++] = ' ';
     last_error[n++] = '(';
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error + n, DETAIL_MAX - n - 1, fmt, ap);
+    vsnprintf(last_error + n, CUBUF__DETAIL_MAX - n - 1, fmt, ap);
     va_end(ap);
     n = strlen(last_error);
-    if (n + 1 < DETAIL_MAX) {
+    if (n + 1 < CUBUF__DETAIL_MAX) {
         last_error[n] = ')';
         last_error[n + 1] = '\0';
     }

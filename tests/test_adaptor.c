@@ -967,6 +967,37 @@ static void test_log_file(void)
     cubuf_resource_release(up);
 }
 
+/* A log whose writes fail (a full device), with events that have no ring
+ * (its memory refused), writes each event at once on the allocating
+ * thread: the failed write is a warning, and cubuf_last_error still says
+ * why the allocation failed (the log's write replaced it). */
+static void test_log_write_failure_keeps_detail(void)
+{
+    host_up_t h;
+    cubuf_resource_t *up = host_upstream(&h), *lg = NULL;
+    cubuf_log_options_t o = CUBUF_LOG_OPTIONS_INIT;
+    o.path = "/dev/full";
+    T_REQUIRE(cubuf_log_adaptor_create(up, &o, &lg));
+    t_warnings_t w = {0};
+    cubuf_set_warning_handler(t_warning, &w);
+    int alone = 0, replaced = 0;
+    for (int i = 0; i < 1000; i++) {
+        atomic_store(&h.fail_next, 1);
+        cubuf_fault_fail_alloc_nth(1); /* the event's ring */
+        CUdeviceptr p = 0;
+        const cubuf_status_t st = cubuf_resource_allocate_raw(lg, 64, NULL, &p);
+        alone += cubuf_fault_fired_alloc();
+        cubuf_fault_reset();
+        T_CHECK(st == CUBUF_ERROR_OUT_OF_MEMORY);
+        replaced += strstr(cubuf_last_error(), "user resource") == NULL;
+    }
+    T_CHECK(alone == 1000 && replaced == 0);
+    T_CHECK(w.n > 0 && strstr(w.last, "its events are lost") != NULL);
+    cubuf_resource_release(lg); /* its last flush fails too: a warning */
+    cubuf_set_warning_handler(NULL, NULL);
+    cubuf_resource_release(up);
+}
+
 /* ---- tracking ---- */
 
 static void test_tracking(void)
@@ -1777,6 +1808,7 @@ int main(void)
     test_log_callback_flush();
     test_log_backpressure();
     test_log_file();
+    test_log_write_failure_keeps_detail();
     test_log_fork_thread_id();
     test_log_fields();
     test_log_time();

@@ -495,7 +495,8 @@ static void test_replay_failed_free(void)
 /* Lines the tool refuses (exit 2, naming the line) rather than replaying
  * what it could make of them: a field after the status, text after it, a
  * negative size, one past SIZE_MAX, and a line longer than the tool reads
- * whose pieces would each read as a line; and a log that cannot be read. */
+ * whose pieces would each read as a line, a minus sign anywhere (scanf
+ * negates what follows it); and a log that cannot be read. */
 static void test_replay_malformed(void)
 {
     static const char head[] = "# cubuf log 2: order,time_ns,thread,stream,operation,pointer,size,status\n";
@@ -505,6 +506,9 @@ static void test_replay_malformed(void)
         "0,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS trailing text\n",
         "0,5,7,(nil),allocate,0x2000,-256,CUBUF_SUCCESS\n",
         "0,5,7,(nil),allocate,0x2000,99999999999999999999999,CUBUF_SUCCESS\n",
+        "0,5,7,(nil),allocate,0x2000,-18446744073709551615,CUBUF_SUCCESS\n", /* read as 1 */
+        "0,5,7,(nil),allocate,0x-2000,256,CUBUF_SUCCESS\n",
+        "-1,5,7,(nil),allocate,0x2000,256,CUBUF_SUCCESS\n",
     };
     char log[2048];
     int rc = -1;

@@ -169,9 +169,12 @@ static int read_plan(const char *path, plan_t *p)
                                      : sscanf(line, "%llu,%lld,%d,%p,%15[a-z],0x%llx,%zu,%47[A-Z0-9_]%n",
                                               &e.order, &time, &e.tid, &e.stream, op, &e.ptr, &e.size, status,
                                               &end);
-        /* Nothing may follow the status; %zu takes a negative size and
-         * stops an overflowing one at SIZE_MAX: neither was allocated. */
+        /* Nothing may follow the status; %zu stops an overflowing size at
+         * SIZE_MAX, which was not allocated. No field of a line has a
+         * minus sign, and the scanf conversions take one and negate what
+         * follows: -18446744073709551615 reads as a size of 1. */
         if (got != 8 || line[end + strspn(line + end, " \t\r\n")] || e.size > SIZE_MAX / 2 ||
+            strchr(line, '-') ||
             (strcmp(op, "allocate") && strcmp(op, "free"))) {
             fprintf(stderr, "cubuf replay: %s:%ld: not a log line: %s", path, lineno, line);
             return fail_plan(f, lines, &m, p, "the log cannot be read");
