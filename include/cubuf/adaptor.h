@@ -200,8 +200,11 @@ typedef struct cubuf_log_options {
  * cubuf_log_adaptor_flush and at the last release; what the rings hold
  * when the process exits without either is lost. The writer thread wakes
  * 1000 times a second while events come, 10 times after 100 ms without.
- * An adaptor made before fork() cannot be used in the child (it has no
- * writer thread there).
+ * A write that fails drops its events with a warning
+ * (cubuf_set_warning_handler); an allocation or free through the adaptor
+ * reports only its own outcome, cubuf_last_error included. An adaptor
+ * made before fork() cannot be used in the child (it has no writer thread
+ * there).
  *
  * Returns CUBUF_ERROR_INVALID_ARGUMENT (also: both or neither of path and
  * callback, ring_events not 0 nor a power of two from 128 to 2^24),
